@@ -1,0 +1,253 @@
+"""A GPT / Llama-style decoder-only transformer, sized by a config.
+
+Written to be traced on the meta device and sharded by PyTorch's tensor-parallel styles:
+q, k, v are separate ``nn.Linear`` modules (so ``ColwiseParallel`` on each keeps the heads
+whole), heads are inferred with ``view(b, s, -1, head_dim)`` (so a TP-sharded local tensor
+reshapes correctly), and blocks live in one ``nn.ModuleList`` named ``blocks``.
+
+``style="gpt"``: LayerNorm, GELU MLP of 4h, learned positions, biases (GPT-2 / Megatron GPT).
+``style="llama"``: RMSNorm, SwiGLU MLP, rotary positions, no biases (Llama 2/3).
+
+``attention="eager"`` materialises the (b, a, s, s) score matrix (what Korthikanti et al.
+count as 5·a·s/h of activation memory); ``"sdpa"`` uses ``F.scaled_dot_product_attention``
+(flash-style: the matrix is not stored).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPTConfig:
+    vocab_size: int = 50304
+    seq_len: int = 1024
+    hidden: int = 768
+    layers: int = 12
+    heads: int = 12
+    kv_heads: int | None = None          # grouped-query attention (Llama); None = heads
+    ffn_hidden: int | None = None        # None: 4h (gpt) or the Llama rule (llama)
+    style: Literal["gpt", "llama"] = "gpt"
+    attention: Literal["eager", "sdpa"] = "sdpa"
+    dropout: float = 0.0
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        from autoplan.errors import ConfigError
+
+        for name in ("vocab_size", "seq_len", "hidden", "layers", "heads"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"must be positive, got {getattr(self, name)}", field=f"model.{name}")
+        if self.hidden % self.heads:
+            raise ConfigError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
+                              field="model.heads")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ConfigError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})",
+                              field="model.kv_heads")
+        if self.style not in ("gpt", "llama"):
+            raise ConfigError(f"style must be 'gpt' or 'llama', got {self.style!r}", field="model.style")
+        if self.attention not in ("eager", "sdpa"):
+            raise ConfigError(f"attention must be 'eager' or 'sdpa', got {self.attention!r}",
+                              field="model.attention")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def ffn(self) -> int:
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        if self.style == "gpt":
+            return 4 * self.hidden
+        # Llama: 2/3 of 4h, rounded up to a multiple of 256
+        return 256 * math.ceil(int(8 * self.hidden / 3) / 256)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GPTConfig":
+        from autoplan.errors import ConfigError
+
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown GPT config key(s) {unknown}; known: {sorted(known)}",
+                              field=f"model.{unknown[0]}")
+        return cls(**d)
+
+    def num_params(self) -> int:
+        """Closed-form parameter count (used to cross-check the tracer)."""
+        h, f, v = self.hidden, self.ffn, self.vocab_size
+        kv = (self.kv_heads or self.heads) * self.head_dim
+        bias = self.style == "gpt"
+        attn = h * h + 2 * h * kv + h * h + (h + 2 * kv + h if bias else 0)
+        if self.style == "gpt":
+            mlp = 2 * h * f + (f + h)
+            norms = 4 * h
+        else:
+            mlp = 3 * h * f
+            norms = 2 * h
+        block = attn + mlp + norms
+        emb = v * h + (self.seq_len * h if self.style == "gpt" else 0)
+        final_norm = 2 * h if self.style == "gpt" else h
+        head = 0 if self.tie_embeddings else v * h
+        return emb + self.layers * block + final_norm + head
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _norm(cfg: GPTConfig) -> nn.Module:
+    if cfg.style == "llama":
+        return RMSNorm(cfg.hidden, cfg.norm_eps)
+    return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
+
+
+def _rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021) on (b, s, heads, head_dim)."""
+    b, s, nh, hd = x.shape
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
+    t = torch.arange(s, device=x.device, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)                       # (s, hd/2)
+    cos = freqs.cos()[None, :, None, :].to(x.dtype)
+    sin = freqs.sin()[None, :, None, :].to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        bias = cfg.style == "gpt"
+        kv = (cfg.kv_heads or cfg.heads) * cfg.head_dim
+        self.q = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+        self.k = nn.Linear(cfg.hidden, kv, bias=bias)
+        self.v = nn.Linear(cfg.hidden, kv, bias=bias)
+        self.o = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+        self.attn_drop = nn.Dropout(cfg.dropout)
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        b, s, _ = x.shape
+        hd = cfg.head_dim
+        q = self.q(x).view(b, s, -1, hd)
+        k = self.k(x).view(b, s, -1, hd)
+        v = self.v(x).view(b, s, -1, hd)
+        if cfg.style == "llama":
+            q, k = _rotary(q, cfg.rope_theta), _rotary(k, cfg.rope_theta)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # (b, heads, s, hd)
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        if cfg.attention == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=cfg.dropout if self.training else 0.0)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+            y = self.attn_drop(scores.softmax(dim=-1)) @ v
+        y = y.transpose(1, 2).reshape(b, s, -1)
+        return self.resid_drop(self.o(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.style = cfg.style
+        if cfg.style == "llama":
+            self.gate = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+            self.up = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+            self.down = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+        else:
+            self.fc1 = nn.Linear(cfg.hidden, cfg.ffn)
+            self.fc2 = nn.Linear(cfg.ffn, cfg.hidden)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.style == "llama":
+            return self.drop(self.down(F.silu(self.gate(x)) * self.up(x)))
+        return self.drop(self.fc2(F.gelu(self.fc1(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.norm1 = _norm(cfg)
+        self.attn = Attention(cfg)
+        self.norm2 = _norm(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only LM. ``forward(tokens, targets=None)`` returns logits, or the mean
+    cross-entropy loss when ``targets`` is given."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.style == "gpt" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.norm = _norm(cfg)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """GPT-2 initialisation: N(0, 0.02), output projections scaled by 1/sqrt(2·layers)."""
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+        std_out = 0.02 / math.sqrt(2 * self.cfg.layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                if name.endswith("bias"):
+                    p.zero_()
+                else:
+                    p.fill_(1.0)
+                continue
+            std = std_out if name.endswith(("o.weight", "fc2.weight", "down.weight")) else 0.02
+            value = torch.randn(p.shape, generator=gen, dtype=torch.float32) * std
+            p.copy_(value.to(device=p.device, dtype=p.dtype))
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        b, s = tokens.shape
+        x = self.tok_emb(tokens)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(s, device=tokens.device))
+        x = self.drop(x)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))

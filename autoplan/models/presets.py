@@ -1,0 +1,59 @@
+"""Named sizes of the built-in models.
+
+Sources: GPT-2 (Radford et al. 2019, Table 2); GPT-3 (Brown et al. 2020, Table 2.1);
+Megatron-LM SC'21 runs (Narayanan et al. 2021, arXiv 2104.04473, Table 1: sequence 2048,
+vocabulary 51200); Llama 3 (Dubey et al. 2024, arXiv 2407.21783, Table 3: vocabulary 128256,
+GQA with 8 KV heads, FFN 14336 / 28672 / 53248).
+"""
+
+from __future__ import annotations
+
+from autoplan.models.registry import register_preset
+
+# name: (hidden, layers, heads)
+_MEGATRON_SC21 = {
+    "gpt-1.7b": (2304, 24, 24),
+    "gpt-3.6b": (3072, 30, 32),
+    "gpt-7.5b": (4096, 36, 32),
+    "gpt-18.4b": (6144, 40, 48),
+    "gpt-39b": (8192, 48, 64),
+    "gpt-76b": (10240, 60, 80),
+    "gpt-145b": (12288, 80, 96),
+    "gpt-310b": (16384, 96, 128),
+    "gpt-530b": (20480, 105, 128),
+    "gpt-1t": (25600, 128, 160),
+}
+
+_GPT2 = {
+    "gpt2": (768, 12, 12),
+    "gpt2-medium": (1024, 24, 16),
+    "gpt2-large": (1280, 36, 20),
+    "gpt2-xl": (1600, 48, 25),
+}
+
+# name: (hidden, layers, heads, kv_heads, ffn)
+_LLAMA3 = {
+    "llama3-8b": (4096, 32, 32, 8, 14336),
+    "llama3-70b": (8192, 80, 64, 8, 28672),
+    "llama3-405b": (16384, 126, 128, 8, 53248),
+}
+
+
+def register_all() -> None:
+    # A model small enough to train on this machine's CPU in seconds (the demo's default).
+    register_preset("gpt-tiny", "gpt", dict(vocab_size=512, seq_len=64, hidden=64, layers=4,
+                                            heads=4, attention="sdpa"))
+    register_preset("gpt-small", "gpt", dict(vocab_size=4096, seq_len=128, hidden=256,
+                                             layers=8, heads=8))
+    for name, (h, l, a) in _MEGATRON_SC21.items():
+        register_preset(name, "gpt", dict(vocab_size=51200, seq_len=2048, hidden=h, layers=l,
+                                          heads=a))
+    for name, (h, l, a) in _GPT2.items():
+        register_preset(name, "gpt", dict(vocab_size=50257, seq_len=1024, hidden=h, layers=l,
+                                          heads=a, tie_embeddings=True))
+    register_preset("gpt3-175b", "gpt", dict(vocab_size=50257, seq_len=2048, hidden=12288,
+                                             layers=96, heads=96))
+    for name, (h, l, a, kv, f) in _LLAMA3.items():
+        register_preset(name, "gpt", dict(vocab_size=128256, seq_len=8192, hidden=h, layers=l,
+                                          heads=a, kv_heads=kv, ffn_hidden=f, style="llama",
+                                          rope_theta=500000.0))

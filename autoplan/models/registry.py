@@ -1,0 +1,231 @@
+"""Model specs: how a plan names a model so the planner and the engine build the same one.
+
+A :class:`ModelSpec` is plain data (it goes into the plan JSON):
+
+* ``source="builtin"``: a model shipped here (``gpt``, ``mlp``, ``wide-resnet``) or a named
+  preset of one (``gpt-1.7b``, ``llama3-8b``, ...); ``config`` holds the constructor kwargs.
+* ``source="hf"``: a Hugging Face transformers causal LM built offline from its config;
+  ``config`` is the config dict (``name`` the model type, e.g. ``gpt2``).
+* ``source="import"``: a user's ``package.module:factory`` returning an ``nn.Module``;
+  ``config`` holds the factory's kwargs.
+
+Every model built through :func:`build_model` has ``forward(*batch) -> loss`` when given the
+training batch from :func:`example_batch`, so tracing and training see the same graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from autoplan.errors import ConfigError, UnknownNameError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str                    # "builtin" | "hf" | "import"
+    name: str                      # builtin family ("gpt"), hf model_type, or "pkg.mod:fn"
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "name": self.name, "config": dict(self.config)}
+
+    @classmethod
+    def from_dict(cls, d: dict, *, source_file: str = "<plan>") -> "ModelSpec":
+        for key in ("source", "name"):
+            if key not in d:
+                raise ConfigError("missing", source=source_file, field=f"model.{key}")
+        unknown = set(d) - {"source", "name", "config"}
+        if unknown:
+            raise ConfigError(f"unknown key(s) {sorted(unknown)}", source=source_file,
+                              field=f"model.{sorted(unknown)[0]}")
+        return cls(source=d["source"], name=d["name"], config=dict(d.get("config") or {}))
+
+    def fingerprint(self) -> str:
+        """sha256 of the architecture description (source, name, config), 16 hex digits."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class BuiltinFamily:
+    """A model family shipped with autoplan."""
+
+    build: Callable[[dict], nn.Module]                       # config -> module
+    batch: Callable[[dict, int, int | None, torch.device], tuple]   # -> forward args
+    seq_len: Callable[[dict], int | None]                    # the family's sequence length
+
+
+_FAMILIES: dict[str, BuiltinFamily] = {}
+_PRESETS: dict[str, tuple[str, dict]] = {}
+
+
+def register_family(name: str, family: BuiltinFamily) -> None:
+    _FAMILIES[name] = family
+
+
+def register_preset(name: str, family: str, config: dict) -> None:
+    _PRESETS[name] = (family, dict(config))
+
+
+def builtin_names() -> list[str]:
+    _load_builtins()
+    return sorted(set(_FAMILIES) | set(_PRESETS))
+
+
+def resolve(name: str, **overrides: Any) -> ModelSpec:
+    """Turn what a user typed into a spec: a builtin family or preset name, ``hf:<type>``,
+    ``hf:<path/to/config.json>``, or ``import:<pkg.mod:factory>``. ``overrides`` update the
+    config (e.g. ``layers=4``)."""
+    _load_builtins()
+    if name.startswith("hf:"):
+        from autoplan.models import hf
+
+        return hf.resolve(name[3:], **overrides)
+    if name.startswith("import:") or (":" in name and "." in name.split(":")[0]):
+        target = name.removeprefix("import:")
+        return ModelSpec("import", target, dict(overrides))
+    if name in _PRESETS:
+        family, config = _PRESETS[name]
+        return ModelSpec("builtin", family, {**config, **overrides})
+    if name in _FAMILIES:
+        return ModelSpec("builtin", name, dict(overrides))
+    raise UnknownNameError("model", name, builtin_names() + ["hf:<model_type or config.json>",
+                                                            "import:<pkg.module:factory>"])
+
+
+def build_model(spec: ModelSpec, *, device: str | torch.device = "meta",
+                dtype: torch.dtype | None = None) -> nn.Module:
+    """Build the model on ``device`` (meta by default: no weight memory)."""
+    _load_builtins()
+    with torch.device(device):
+        if spec.source == "builtin":
+            family = _family(spec.name)
+            model = family.build(spec.config)
+        elif spec.source == "hf":
+            from autoplan.models import hf
+
+            model = hf.build(spec)
+        elif spec.source == "import":
+            model = _build_import(spec)
+        else:
+            raise ConfigError(f"unknown model source {spec.source!r}; use builtin, hf or import",
+                              field="model.source")
+    if dtype is not None:
+        model = model.to(dtype=dtype)
+    return model
+
+
+def example_batch(spec: ModelSpec, batch_size: int, seq_len: int | None = None,
+                  device: str | torch.device = "meta", *, seed: int = 0) -> tuple:
+    """Forward args of one training micro-batch (inputs and targets): ``model(*batch)``
+    returns the scalar loss. Random but deterministic for a given ``seed``."""
+    _load_builtins()
+    device = torch.device(device)
+    if spec.source == "builtin":
+        return _family(spec.name).batch(spec.config, batch_size, seq_len, device)
+    if spec.source == "hf":
+        from autoplan.models import hf
+
+        return hf.example_batch(spec, batch_size, seq_len, device)
+    module = build_model(spec, device="meta")
+    make = getattr(module, "example_batch", None)
+    if make is None:
+        raise ConfigError(f"model {spec.name} has no example_batch(batch_size, seq_len, device) "
+                          "method; autoplan needs one to know the input shapes",
+                          field="model.name")
+    return make(batch_size, seq_len, device)
+
+
+def default_seq_len(spec: ModelSpec) -> int | None:
+    _load_builtins()
+    if spec.source == "builtin":
+        return _family(spec.name).seq_len(spec.config)
+    if spec.source == "hf":
+        from autoplan.models import hf
+
+        return hf.default_seq_len(spec)
+    return spec.config.get("seq_len")
+
+
+def _family(name: str) -> BuiltinFamily:
+    if name not in _FAMILIES:
+        raise UnknownNameError("model family", name, list(_FAMILIES))
+    return _FAMILIES[name]
+
+
+def _build_import(spec: ModelSpec) -> nn.Module:
+    import importlib
+
+    mod_name, _, attr = spec.name.partition(":")
+    if not attr:
+        raise ConfigError(f"import path {spec.name!r} must look like 'package.module:factory'",
+                          field="model.name")
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {mod_name!r}: {exc}", field="model.name") from exc
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise ConfigError(f"module {mod_name!r} has no attribute {attr!r}", field="model.name")
+    model = factory(**spec.config)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{spec.name} returned {type(model).__name__}, not an nn.Module",
+                          field="model.name")
+    return model
+
+
+# ---- built-in families ----------------------------------------------------------------------
+
+def _gpt_build(config: dict) -> nn.Module:
+    from autoplan.models.gpt import GPT, GPTConfig
+
+    return GPT(GPTConfig.from_dict(config))
+
+
+def _gpt_batch(config: dict, batch_size: int, seq_len: int | None, device: torch.device) -> tuple:
+    from autoplan.models.gpt import GPTConfig
+
+    cfg = GPTConfig.from_dict(config)
+    s = seq_len or cfg.seq_len
+    if s > cfg.seq_len:
+        raise ConfigError(f"sequence length {s} exceeds the model's seq_len {cfg.seq_len}",
+                          field="batch.seq_len")
+    return _token_batch(cfg.vocab_size, batch_size, s, device)
+
+
+def _token_batch(vocab: int, batch_size: int, seq_len: int, device: torch.device,
+                 seed: int = 0) -> tuple:
+    if device.type == "meta":
+        tokens = torch.empty(batch_size, seq_len + 1, dtype=torch.long, device=device)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=gen).to(device)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _gpt_seq_len(config: dict) -> int:
+    from autoplan.models.gpt import GPTConfig
+
+    return GPTConfig.from_dict(config).seq_len
+
+
+_LOADED = False
+
+
+def _load_builtins() -> None:
+    """Register the shipped families and presets (idempotent, no import-time side effects
+    beyond this module's own tables)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    register_family("gpt", BuiltinFamily(_gpt_build, _gpt_batch, _gpt_seq_len))
+    from autoplan.models import presets
+
+    presets.register_all()
