@@ -1,0 +1,122 @@
+"""Turn a uniform parallel configuration into a Plan (the Alpa "manual" option).
+
+The device mesh is ``(pp, dp, tp)`` laid out row-major over global ranks,
+``rank = (p * dp + d) * tp + t``, so the tensor-parallel group is the fastest-varying axis
+(consecutive ranks: inside one node), data parallelism next, pipeline stages slowest (across
+nodes first). With ``virtual_stages = v`` there are ``pp * v`` stages (model chunks); chunk
+``c`` runs on pipeline rank ``c % pp`` (Narayanan et al. 2021, interleaved 1F1B).
+
+Blocks are split as evenly as possible over the chunks (earlier chunks take the remainder);
+``<pre>`` goes with the first chunk and ``<post>`` with the last.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import autoplan
+from autoplan.graph import OpGraph
+from autoplan.models.registry import ModelSpec
+from autoplan.plan import MeshSpec, ParallelConfig, Plan, Prediction, Stage
+
+
+def split_layers(graph: OpGraph, num_chunks: int) -> list[tuple[int, int]]:
+    """[start, end) layer ranges of ``num_chunks`` pipeline chunks over the graph's layers.
+
+    Repeated blocks are divided as evenly as possible; non-block layers before the first block
+    (``<pre>``) join chunk 0, those after the last block join the last chunk.
+    """
+    block_idx = [layer.index for layer in graph.blocks()]
+    n_layers = len(graph.layers)
+    if not block_idx:
+        if num_chunks != 1:
+            raise ValueError("a model without repeated blocks cannot be pipelined")
+        return [(0, n_layers)]
+    if num_chunks > len(block_idx):
+        raise ValueError(f"{num_chunks} pipeline chunks for {len(block_idx)} blocks")
+    first, last = block_idx[0], block_idx[-1]
+    base, extra = divmod(len(block_idx), num_chunks)
+    bounds, pos = [], first
+    for c in range(num_chunks):
+        size = base + (1 if c < extra else 0)
+        bounds.append([pos, pos + size])
+        pos += size
+    bounds[0][0] = 0
+    bounds[-1][1] = n_layers
+    assert pos == last + 1
+    return [(a, b) for a, b in bounds]
+
+
+def stage_ranks(parallel: ParallelConfig, pipeline_rank: int) -> tuple[int, ...]:
+    """Global ranks of pipeline rank ``p`` in the (pp, dp, tp) row-major mesh."""
+    per_stage = parallel.dp * parallel.tp
+    return tuple(range(pipeline_rank * per_stage, (pipeline_rank + 1) * per_stage))
+
+
+def param_placements(graph: OpGraph, parallel: ParallelConfig) -> dict[str, dict[str, str]]:
+    """DTensor placements of every parameter on the ``tp`` and ``dp`` mesh axes.
+
+    ``tp``: ``Shard(tp_dim)`` for parameters of column/row-parallel ops (Megatron-LM), else
+    ``Replicate()``. ``dp``: ``Shard(0)`` under ZeRO-3 (parameters sharded), else
+    ``Replicate()`` (ZeRO-1/2 shard only optimizer states / gradients, recorded as the stage).
+    """
+    out: dict[str, dict[str, str]] = {}
+    for name, info in graph.params.items():
+        tp = "Replicate()"
+        if parallel.tp > 1 and info.tp_dim is not None:
+            tp = f"Shard({info.tp_dim})"
+        dp = "Shard(0)" if parallel.zero == 3 and parallel.dp > 1 else "Replicate()"
+        out[name] = {"tp": tp, "dp": dp}
+    return out
+
+
+def build_plan(graph: OpGraph, spec: ModelSpec, cluster, parallel: ParallelConfig, *,
+               global_batch: int, seq_len: int | None, precision: dict[str, str] | None = None,
+               prediction: Prediction | None = None, alternatives: list[dict] | None = None,
+               planner: dict | None = None) -> Plan:
+    """A Plan running ``parallel`` on ``cluster`` (a Cluster or its dict)."""
+    cluster_dict = cluster if isinstance(cluster, dict) else cluster.to_dict()
+    chunks = split_layers(graph, parallel.pp * parallel.virtual_stages)
+    names = [layer.name for layer in graph.layers]
+    stages = []
+    for c, (start, end) in enumerate(chunks):
+        layer_names = tuple(names[start:end])
+        ckpt = tuple(n for n in layer_names if parallel.checkpoint == "full"
+                     and not n.startswith("<"))
+        stages.append(Stage(index=c, layers=(start, end), layer_names=layer_names,
+                            ranks=stage_ranks(parallel, c % parallel.pp),
+                            mesh_shape=(parallel.dp, parallel.tp), checkpoint_layers=ckpt))
+    device_type = "cpu" if _device_name(cluster_dict).startswith("cpu") else "cuda"
+    plan = Plan(
+        model=spec.to_dict(),
+        model_fingerprint=spec.fingerprint(),
+        num_params=graph.num_params,
+        cluster=cluster_dict,
+        global_batch=global_batch,
+        seq_len=seq_len,
+        mesh=MeshSpec(shape=(parallel.pp, parallel.dp, parallel.tp), device_type=device_type),
+        parallel=parallel,
+        stages=stages,
+        param_placements=param_placements(graph, parallel),
+        precision=precision or default_precision(device_type),
+        prediction=prediction,
+        alternatives=alternatives or [],
+        planner=planner or {"name": "manual"},
+        created_by={"autoplan": autoplan.__version__, "torch": torch.__version__.split("+")[0]},
+    )
+    plan.validate()
+    return plan
+
+
+def default_precision(device_type: str) -> dict[str, str]:
+    """bf16 compute with fp32 master weights on GPUs; plain fp32 on CPU."""
+    if device_type == "cuda":
+        return {"params": "float32", "compute": "bfloat16", "reduce": "float32"}
+    return {"params": "float32", "compute": "float32", "reduce": "float32"}
+
+
+def _device_name(cluster_dict: dict) -> str:
+    device = cluster_dict.get("device", {})
+    if isinstance(device, dict):
+        return str(device.get("name", "")).lower()
+    return str(device).lower()
