@@ -1,0 +1,186 @@
+"""The Python entry points: ``optimize``, ``estimate``, ``trace_model``.
+
+    import autoplan
+    plan = autoplan.optimize("gpt-7.5b", "dgx-a100", nodes=16, global_batch=512)
+    plan.save("plan.json")
+    print(plan.prediction.step_time_s, plan.parallel.label())
+
+    # what does my current setup cost, and what would autoplan do instead?
+    mine = autoplan.estimate("gpt-7.5b", "dgx-a100", nodes=16, global_batch=512,
+                             tp=4, pp=1, micro_batch=2, checkpoint="full")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch.nn as nn
+
+from autoplan.cluster import Cluster, load_cluster
+from autoplan.errors import ConfigError
+from autoplan.graph import OpGraph
+from autoplan.models.registry import ModelSpec, default_seq_len, resolve
+from autoplan.plan import ParallelConfig, Plan
+from autoplan.planner.build import build_plan
+from autoplan.planner.estimate import Estimator, fits
+from autoplan.planner.uniform import SearchResult, SearchSpace, search_uniform
+
+ModelLike = str | ModelSpec
+ClusterLike = str | Cluster
+
+
+@dataclass
+class Problem:
+    """A model traced for a cluster: what optimize and estimate share."""
+
+    spec: ModelSpec
+    graph: OpGraph
+    cluster: Cluster
+    global_batch: int
+    seq_len: int | None
+    precision: str                 # "mixed" (bf16 compute, fp32 master) or "fp32"
+
+    @property
+    def precision_dict(self) -> dict[str, str]:
+        compute = "bfloat16" if self.precision == "mixed" else "float32"
+        return {"params": "float32", "compute": compute, "reduce": "float32"}
+
+    def estimator(self) -> Estimator:
+        return Estimator(self.graph, self.cluster, precision=self.precision)
+
+
+def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
+            nodes: int | None = None, seq_len: int | None = None,
+            precision: str | None = None) -> Problem:
+    """Resolve the model and cluster and trace the model (micro-batch 1) on the meta device."""
+    from autoplan.trace import trace
+
+    if isinstance(model, nn.Module):
+        raise ConfigError("pass the model as a name, 'import:pkg.module:factory' or a "
+                          "ModelSpec, so the engine can rebuild it from the plan; "
+                          "autoplan.trace.trace_module() traces an in-memory module",
+                          field="model")
+    spec = resolve(model) if isinstance(model, str) else model
+    clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
+        cluster.with_nodes(nodes) if nodes else cluster)
+    if not isinstance(global_batch, int) or global_batch < 1:
+        raise ConfigError(f"must be a positive integer, got {global_batch!r}",
+                          field="global_batch")
+    if precision is None:
+        precision = "fp32" if clus.device.name.lower().startswith("cpu") else "mixed"
+    if precision not in ("mixed", "fp32"):
+        raise ConfigError(f"must be 'mixed' or 'fp32', got {precision!r}", field="precision")
+    seq = seq_len or default_seq_len(spec)
+    import torch
+
+    dtype = torch.bfloat16 if precision == "mixed" else torch.float32
+    graph = trace(spec, 1, seq, dtype=dtype)
+    return Problem(spec, graph, clus, global_batch, seq, precision)
+
+
+def head_counts(spec: ModelSpec) -> tuple[int, ...]:
+    """Attention head counts a TP degree must divide, read from the model config."""
+    cfg = spec.config
+    keys = ("heads", "kv_heads", "n_head", "num_attention_heads", "num_key_value_heads")
+    out = [int(cfg[k]) for k in keys if cfg.get(k)]
+    if spec.source == "builtin" and spec.name == "gpt":
+        from autoplan.models.gpt import GPTConfig
+
+        g = GPTConfig.from_dict(spec.config)
+        out += [g.heads, g.kv_heads or g.heads]
+    return tuple(sorted(set(out)))
+
+
+def plan_problem(problem: Problem, *, space: SearchSpace = SearchSpace(), top_k: int = 10,
+                 progress: Callable[[int], None] | None = None) -> tuple[Plan, SearchResult]:
+    result = search_uniform(problem.graph, problem.cluster, problem.global_batch,
+                            space=space, precision=problem.precision,
+                            divides=head_counts(problem.spec), progress=progress)
+    best = result.best
+    plan = build_plan(problem.graph, problem.spec, problem.cluster, best.parallel,
+                      global_batch=problem.global_batch, seq_len=problem.seq_len,
+                      precision=problem.precision_dict, prediction=best.prediction,
+                      alternatives=[c.summary() for c in result.ranked[1:top_k + 1]],
+                      planner={"name": "uniform", "evaluated": result.evaluated,
+                               "feasible": result.feasible})
+    return plan, result
+
+
+def optimize(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
+             nodes: int | None = None, seq_len: int | None = None,
+             precision: str | None = None, space: SearchSpace = SearchSpace(),
+             top_k: int = 10) -> Plan:
+    """Plan ``model`` on ``cluster``: the fastest predicted configuration that fits.
+
+    ``model``: a built-in name or preset ("gpt-7.5b", "llama3-70b"), ``hf:<type or
+    config.json>``, ``import:pkg.module:factory``, or a ModelSpec. ``cluster``: a preset
+    name ("dgx-a100"), a YAML path, or a Cluster; ``nodes`` overrides its node count.
+    Raises InfeasibleError (with the memory it would need) if nothing fits.
+    """
+    problem = prepare(model, cluster, global_batch=global_batch, nodes=nodes, seq_len=seq_len,
+                      precision=precision)
+    plan, _ = plan_problem(problem, space=space, top_k=top_k)
+    return plan
+
+
+def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
+             nodes: int | None = None, seq_len: int | None = None,
+             precision: str | None = None, tp: int = 1, pp: int = 1, dp: int | None = None,
+             zero: int = 0, micro_batch: int = 1, checkpoint: str = "none",
+             schedule: str = "1f1b", virtual_stages: int = 1,
+             sequence_parallel: bool = False, problem: Problem | None = None) -> Plan:
+    """The prediction for one configuration the user gives, as a Plan (check ``fits(plan)``).
+
+    ``dp`` defaults to world / (tp·pp); the number of micro-batches follows from the global
+    batch: ``m = global_batch / (dp · micro_batch)``.
+    """
+    problem = problem or prepare(model, cluster, global_batch=global_batch, nodes=nodes,
+                                 seq_len=seq_len, precision=precision)
+    world = problem.cluster.world_size
+    if dp is None:
+        if world % (tp * pp):
+            raise ConfigError(f"tp*pp = {tp * pp} does not divide the {world} devices of "
+                              f"{problem.cluster.name}", field="tp")
+        dp = world // (tp * pp)
+    if dp * tp * pp != world:
+        raise ConfigError(f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but the cluster has "
+                          f"{world} devices", field="dp")
+    per_rank, rem = divmod(problem.global_batch, dp * micro_batch)
+    if rem or per_rank < 1:
+        raise ConfigError(f"global batch {problem.global_batch} is not divisible by dp * "
+                          f"micro_batch = {dp * micro_batch}", field="micro_batch")
+    parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sequence_parallel,
+                              micro_batch=micro_batch, num_micro_batches=per_rank,
+                              schedule=schedule, virtual_stages=virtual_stages,
+                              checkpoint=checkpoint)
+    _check_shardable(problem, parallel)
+    prediction = problem.estimator().predict(parallel)
+    return build_plan(problem.graph, problem.spec, problem.cluster, parallel,
+                      global_batch=problem.global_batch, seq_len=problem.seq_len,
+                      precision=problem.precision_dict, prediction=prediction,
+                      planner={"name": "estimate"})
+
+
+def plan_fits(plan: Plan) -> bool:
+    return plan.prediction is not None and fits(plan.prediction)
+
+
+def _check_shardable(problem: Problem, p: ParallelConfig) -> None:
+    blocks = len(problem.graph.blocks())
+    if p.pp > max(blocks, 1) or p.pp * p.virtual_stages > max(blocks, 1):
+        raise ConfigError(f"pp * virtual_stages = {p.pp * p.virtual_stages} exceeds the model's "
+                          f"{blocks} blocks", field="pp")
+    if p.tp > problem.cluster.devices_per_node:
+        raise ConfigError(f"tp = {p.tp} exceeds the {problem.cluster.devices_per_node} devices "
+                          "of a node (tensor parallelism stays inside a node)", field="tp")
+    for name, info in problem.graph.params.items():
+        if info.tp_dim is not None and info.shape[info.tp_dim] % p.tp:
+            raise ConfigError(f"tp = {p.tp} does not divide dim {info.tp_dim} of {name} "
+                              f"{list(info.shape)}", field="tp")
+    for k in head_counts(problem.spec):
+        if k % p.tp:
+            raise ConfigError(f"tp = {p.tp} does not divide the head count {k}", field="tp")
+    if p.pp > 1 and p.num_micro_batches < p.pp:
+        raise ConfigError(f"{p.num_micro_batches} micro-batches for {p.pp} pipeline stages; "
+                          "need at least as many micro-batches as stages", field="micro_batch")

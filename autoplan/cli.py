@@ -1,0 +1,390 @@
+"""The ``autoplan`` command line.
+
+    autoplan demo                                    # plan + run a tiny GPT on this machine
+    autoplan plan gpt-7.5b --cluster dgx-a100 --nodes 16 --global-batch 512 -o plan.json
+    autoplan plan gpt --layers 24 --hidden 2048 --heads 16 --vocab 51200 --seq-len 2048 \\
+        --cluster dgx-h100 --nodes 4 --global-batch 256
+    autoplan show plan.json
+    autoplan estimate gpt-7.5b --cluster dgx-a100 --nodes 16 --global-batch 512 --tp 4 \\
+        --micro-batch 2 --checkpoint full
+    autoplan trace llama3-8b --seq-len 8192
+    autoplan run plan.json --steps 20
+    autoplan models | autoplan clusters
+
+Every command takes ``--json`` for machine-readable output. Errors a user can cause print
+one line, ``error: ...``, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from autoplan.errors import AutoplanError
+
+EXIT_USER_ERROR = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USER_ERROR
+    try:
+        return int(args.func(args) or 0)
+    except AutoplanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+# ---- argument groups ---------------------------------------------------------------------
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="built-in name or preset (see `autoplan models`), "
+                   "hf:<model_type or path/config.json>, or import:<pkg.module:factory>")
+    g = p.add_argument_group("model size (built-in GPT)")
+    g.add_argument("--layers", type=int)
+    g.add_argument("--hidden", type=int)
+    g.add_argument("--heads", type=int)
+    g.add_argument("--vocab", type=int, dest="vocab_size")
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other model config key (repeatable), e.g. --set kv_heads=8")
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+
+
+def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--cluster", required=required,
+                   help="cluster preset (see `autoplan clusters`) or a YAML file")
+    p.add_argument("--nodes", type=int, help="override the cluster's node count")
+    p.add_argument("--global-batch", type=int, required=required, help="global batch (samples)")
+    p.add_argument("--precision", choices=("mixed", "fp32"),
+                   help="mixed: bf16 compute, fp32 master weights (default on GPUs); fp32")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("configuration")
+    g.add_argument("--tp", type=int, default=1)
+    g.add_argument("--pp", type=int, default=1)
+    g.add_argument("--dp", type=int, help="default: devices / (tp * pp)")
+    g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    g.add_argument("--micro-batch", type=int, default=1)
+    g.add_argument("--checkpoint", choices=("none", "full"), default="none",
+                   help="activation recomputation")
+    g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default="1f1b")
+    g.add_argument("--virtual-stages", type=int, default=1)
+    g.add_argument("--sp", action="store_true", help="sequence parallelism (needs tp > 1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autoplan", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    p = sub.add_parser("plan", help="search the best plan and write it")
+    _model_args(p)
+    _cluster_args(p)
+    p.add_argument("-o", "--output", default="plan.json", help="plan file (default plan.json)")
+    p.add_argument("--top-k", type=int, default=5, help="alternatives to keep and show")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("estimate", help="predict one configuration you give")
+    _model_args(p)
+    _cluster_args(p)
+    _config_args(p)
+    p.add_argument("--no-compare", action="store_true",
+                   help="skip the search for what autoplan would do instead")
+    p.add_argument("-o", "--output", help="also write the configuration as a plan file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_estimate)
+
+    p = sub.add_parser("show", help="summarise a plan file")
+    p.add_argument("plan")
+    p.add_argument("--top-k", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("trace", help="trace a model and summarise its graph")
+    _model_args(p)
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="bfloat16")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("run", help="run a plan on this machine under torchrun (the engine)")
+    p.add_argument("plan")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--out", help="run directory (metrics, checkpoints)")
+    p.add_argument("engine_args", nargs=argparse.REMAINDER,
+                   help="further arguments for `python -m engine.run` (after --)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="plan a tiny GPT for this machine and run it")
+    p.add_argument("--nproc", type=int, default=2, help="CPU ranks (default 2)")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--out", default="runs/demo")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("models", help="list built-in models and presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("clusters", help="list cluster presets and devices")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_clusters)
+    return parser
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from autoplan.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for key in ("layers", "hidden", "heads", "vocab_size"):
+        if getattr(args, key, None) is not None:
+            out[key] = getattr(args, key)
+    if getattr(args, "seq_len", None) is not None and args.model.split(":")[0] not in ("hf", "import"):
+        out.setdefault("seq_len", args.seq_len)
+    for item in getattr(args, "set", []) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", field="--set")
+        out[key] = _parse_value(value)
+    return out
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _spec(args: argparse.Namespace):
+    from autoplan.models.registry import resolve
+
+    return resolve(args.model, **_overrides(args))
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=False)
+
+
+def _emit_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def _progress_search(problem, space=None, top_k: int = 5, quiet: bool = False):
+    """Run the uniform search with a progress bar (on stderr) when it takes a while."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from autoplan.api import head_counts, plan_problem
+    from autoplan.planner.uniform import SearchSpace, enumerate_configs
+
+    space = space or SearchSpace()
+    total = sum(1 for _ in enumerate_configs(problem.graph, problem.cluster,
+                                             problem.global_batch, space,
+                                             head_counts(problem.spec)))
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True, disable=quiet) as bar:
+        task = bar.add_task("searching configurations", total=total)
+        return plan_problem(problem, space=space, top_k=top_k,
+                            progress=lambda n: bar.update(task, completed=n)
+                            if n % 256 == 0 or n == total else None)
+
+
+def _prepare(args: argparse.Namespace):
+    from rich.console import Console
+
+    from autoplan.api import prepare
+
+    console = Console(stderr=True)
+    with console.status(f"tracing {args.model} on the meta device ...", spinner="dots"):
+        return prepare(_spec(args), args.cluster, global_batch=args.global_batch,
+                       nodes=args.nodes, seq_len=args.seq_len, precision=args.precision)
+
+
+# ---- commands ----------------------------------------------------------------------------
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import time
+
+    from autoplan.display import plan_dict, print_plan
+
+    t0 = time.perf_counter()
+    problem = _prepare(args)
+    t_trace = time.perf_counter() - t0
+    plan, result = _progress_search(problem, top_k=args.top_k, quiet=args.json)
+    path = plan.save(args.output)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        _emit_json({**plan_dict(plan), "plan_file": str(path), "seconds": {
+            "trace": t_trace, "search": result.seconds, "total": seconds}})
+        return 0
+    console = _console()
+    print_plan(plan, console, title="best plan", top_k=args.top_k)
+    console.print(f"traced {len(problem.graph)} ops in {t_trace:.1f} s, searched "
+                  f"{result.evaluated} configurations ({result.feasible} fit) in "
+                  f"{result.seconds:.1f} s; plan written to [bold]{path}[/bold]")
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from autoplan.api import estimate, plan_fits
+    from autoplan.display import plan_dict, prediction_dict, print_plan, why_best
+
+    problem = _prepare(args)
+    mine = estimate(None, None, global_batch=args.global_batch, problem=problem, tp=args.tp,
+                    pp=args.pp, dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
+                    checkpoint=args.checkpoint, schedule=args.schedule,
+                    virtual_stages=args.virtual_stages, sequence_parallel=args.sp)
+    best = None
+    if not args.no_compare:
+        best, _ = _progress_search(problem, top_k=0, quiet=args.json)
+    if args.output:
+        mine.save(args.output)
+    if args.json:
+        out = {"yours": plan_dict(mine), "fits": plan_fits(mine)}
+        if best is not None:
+            out["autoplan"] = {"parallel": best.parallel.label(),
+                               "prediction": prediction_dict(best.prediction),
+                               "speedup": mine.prediction.step_time_s
+                               / best.prediction.step_time_s}
+        _emit_json(out)
+        return 0
+    console = _console()
+    print_plan(mine, console, title="your configuration", top_k=0)
+    if not plan_fits(mine):
+        console.print("[bold red]does not fit in device memory[/bold red]")
+    if best is not None:
+        speedup = mine.prediction.step_time_s / best.prediction.step_time_s
+        console.print(f"autoplan would use [bold cyan]{best.parallel.label()}[/bold cyan]: "
+                      f"{best.prediction.step_time_s:.4g} s per step, "
+                      f"{100 * best.prediction.mfu:.1f}% MFU — {speedup:.2f}x "
+                      f"{'faster' if speedup >= 1 else 'slower'} than yours"
+                      + (f" ({why_best(best.prediction.time.to_dict(), mine.prediction.time.to_dict())})"
+                         if speedup > 1.0 else ""))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from autoplan.display import plan_dict, print_plan
+    from autoplan.plan import Plan
+
+    plan = Plan.load(args.plan)
+    if args.json:
+        _emit_json(plan_dict(plan))
+        return 0
+    print_plan(plan, _console(), title=Path(args.plan).name, top_k=args.top_k)
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    import torch
+    from rich.table import Table
+
+    from autoplan.trace import trace
+
+    spec = _spec(args)
+    graph = trace(spec, args.batch_size, args.seq_len, dtype=getattr(torch, args.dtype))
+    summary = graph.summary()
+    if args.json:
+        _emit_json(summary)
+        return 0
+    console = _console()
+    console.print(f"[bold]{spec.name}[/bold] {summary['params'] / 1e9:.3f}B params, "
+                  f"{summary['ops']} aten ops, {summary['layers']} layers "
+                  f"({', '.join(f'{n} x {k}' for k, n in summary['layer_kinds'].items())}), "
+                  f"traced in {summary['trace_seconds']:.2f} s")
+    t = Table(title=f"layers (micro-batch {args.batch_size}, seq {graph.batch.seq_len})",
+              title_justify="left")
+    for col in ("layer", "kind", "ops", "params", "fwd GFLOP", "saved MB", "TP all-reduce MB"):
+        t.add_column(col, justify="right" if col not in ("layer", "kind") else "left")
+    shown = graph.layers if len(graph.layers) <= 12 else graph.layers[:6] + graph.layers[-3:]
+    for layer in shown:
+        st = layer.stats
+        t.add_row(layer.name, layer.kind, str(len(layer.nodes)), f"{st.params:,}",
+                  f"{st.fwd_flops / 1e9:.2f}", f"{st.saved_bytes / 1e6:.1f}",
+                  f"{(st.tp_allreduce_fwd_bytes + st.tp_allreduce_bwd_bytes) / 1e6:.1f}")
+    console.print(t)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from engine.launch import run_local
+
+    extra = [a for a in args.engine_args if a != "--"]
+    return run_local(args.plan, steps=args.steps, out_dir=args.out, extra_args=extra)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from autoplan.demo import run_demo
+
+    return run_demo(nproc=args.nproc, steps=args.steps, out_dir=args.out, as_json=args.json)
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from autoplan.models.registry import builtin_names, resolve
+
+    rows = []
+    for name in builtin_names():
+        spec = resolve(name)
+        rows.append({"name": name, "family": spec.name, "config": spec.config})
+    if args.json:
+        _emit_json(rows)
+        return 0
+    from rich.table import Table
+
+    t = Table(title="built-in models (also: hf:<type or config.json>, import:<pkg.mod:fn>)",
+              title_justify="left")
+    t.add_column("name")
+    t.add_column("family")
+    t.add_column("config")
+    for r in rows:
+        cfg = r["config"]
+        t.add_row(r["name"], r["family"], ", ".join(f"{k}={v}" for k, v in cfg.items()))
+    _console().print(t)
+    return 0
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    from autoplan.cluster import list_cluster_presets, list_devices, load_cluster
+
+    rows = []
+    for name in list_cluster_presets():
+        c = load_cluster(name)
+        rows.append({"name": name, "nodes": c.nodes, "devices_per_node": c.devices_per_node,
+                     "device": c.device.name, "intra_node_gbps": c.intra_node.bandwidth_gbps,
+                     "inter_node_gbps": c.inter_node.bandwidth_gbps})
+    if args.json:
+        _emit_json({"clusters": rows, "devices": list_devices()})
+        return 0
+    from rich.table import Table
+
+    t = Table(title="cluster presets (--nodes overrides the node count)", title_justify="left")
+    for col in ("name", "nodes", "devices/node", "device", "intra-node GB/s", "inter-node GB/s"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], str(r["nodes"]), str(r["devices_per_node"]), r["device"],
+                  f"{r['intra_node_gbps']:g}", f"{r['inter_node_gbps']:g}")
+    console = _console()
+    console.print(t)
+    console.print("devices: " + ", ".join(list_devices()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

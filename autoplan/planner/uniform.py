@@ -1,0 +1,184 @@
+"""The uniform planner: enumerate the 3-D (DP x TP x PP) space and rank by predicted time.
+
+Every layer gets the same treatment (Megatron-LM style), so a configuration is a
+:class:`ParallelConfig`: tensor-parallel degree ``tp`` (inside a node, dividing every sharded
+dimension and the head counts), pipeline degree ``pp`` (at most one block per chunk), data
+parallel ``dp = world / (tp·pp)`` (dividing the global batch), ZeRO stage 0-3 (only with
+dp > 1), sequence parallelism (only with tp > 1), micro-batch size ``b`` (dividing the per-rank
+batch) and count ``m = B / (dp·b)`` (at least ``pp`` when pipelining), full recomputation on
+or off, and the schedule (GPipe, 1F1B, interleaved 1F1B with v chunks when the blocks and
+micro-batches divide). Candidates that exceed device memory are dropped; the rest are sorted
+by predicted step time (ties: less memory, then the label, so the result is deterministic).
+
+This is the baseline every later solver must beat.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from autoplan.cluster import Cluster
+from autoplan.errors import InfeasibleError
+from autoplan.graph import OpGraph
+from autoplan.plan import ParallelConfig, Prediction
+from autoplan.planner.estimate import Estimator, divisors, fits
+
+GB = 1e9
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """Restrictions of the uniform space; ``None`` means every valid value."""
+
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    dp: tuple[int, ...] | None = None
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    micro_batch: tuple[int, ...] | None = None
+    checkpoint: tuple[str, ...] = ("none", "full")
+    schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved_1f1b")
+    virtual_stages: tuple[int, ...] = (2, 4)
+    sequence_parallel: tuple[bool, ...] = (False, True)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    parallel: ParallelConfig
+    prediction: Prediction
+
+    @property
+    def fits(self) -> bool:
+        return fits(self.prediction)
+
+    def summary(self) -> dict:
+        pred = self.prediction
+        return {"parallel": self.parallel.label(), "config": _asdict(self.parallel),
+                "step_time_s": pred.step_time_s, "mfu": pred.mfu,
+                "memory_gb": pred.memory.total / GB, "fits": self.fits,
+                "time": pred.time.to_dict()}
+
+
+@dataclass
+class SearchResult:
+    best: Candidate
+    ranked: list[Candidate]                 # feasible, fastest first
+    evaluated: int
+    feasible: int
+    seconds: float
+    closest_infeasible: Candidate | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def tp_degrees(graph: OpGraph, cluster: Cluster, divides: tuple[int, ...] = ()) -> list[int]:
+    """TP degrees inside one node that divide every TP-sharded dimension and ``divides``
+    (e.g. the attention head counts)."""
+    sharded = [info.shape[info.tp_dim] for info in graph.params.values()
+               if info.tp_dim is not None]
+    out = []
+    for t in divisors(cluster.devices_per_node):
+        if all(d % t == 0 for d in sharded) and all(k % t == 0 for k in divides):
+            out.append(t)
+    return out
+
+
+def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
+                      space: SearchSpace = SearchSpace(), divides: tuple[int, ...] = ()):
+    """Yield every valid ParallelConfig of the space (see module docstring)."""
+    world = cluster.world_size
+    blocks = len(graph.blocks())
+    seq = graph.batch.seq_len
+    for tp in tp_degrees(graph, cluster, divides):
+        if space.tp is not None and tp not in space.tp:
+            continue
+        for pp in divisors(world // tp) if world % tp == 0 else []:
+            if pp > max(blocks, 1) or (space.pp is not None and pp not in space.pp):
+                continue
+            dp = world // (tp * pp)
+            if global_batch % dp or (space.dp is not None and dp not in space.dp):
+                continue
+            per_rank = global_batch // dp
+            for b in divisors(per_rank):
+                if space.micro_batch is not None and b not in space.micro_batch:
+                    continue
+                m = per_rank // b
+                if pp > 1 and m < pp:
+                    continue
+                schedules = [("1f1b", 1)]
+                if pp > 1:
+                    schedules = [(s, 1) for s in space.schedules if s != "interleaved_1f1b"]
+                    if "interleaved_1f1b" in space.schedules:
+                        schedules += [("interleaved_1f1b", v) for v in space.virtual_stages
+                                      if blocks >= pp * v and m % pp == 0]
+                for zero in space.zero if dp > 1 else (0,):
+                    for sp in space.sequence_parallel if tp > 1 else (False,):
+                        if sp and seq is not None and seq % tp:
+                            continue
+                        for ckpt in space.checkpoint:
+                            for sched, v in schedules:
+                                yield ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero,
+                                                     sequence_parallel=sp, micro_batch=b,
+                                                     num_micro_batches=m, schedule=sched,
+                                                     virtual_stages=v, checkpoint=ckpt)
+
+
+def search_uniform(graph: OpGraph, cluster: Cluster, global_batch: int, *,
+                   space: SearchSpace = SearchSpace(), precision: str = "mixed",
+                   divides: tuple[int, ...] = (), estimator: Estimator | None = None,
+                   progress=None) -> SearchResult:
+    """Evaluate every configuration; raise InfeasibleError (with what would fit) if none fits."""
+    start = time.perf_counter()
+    est = estimator or Estimator(graph, cluster, precision=precision)
+    feasible: list[Candidate] = []
+    closest: Candidate | None = None
+    evaluated = 0
+    for cfg in enumerate_configs(graph, cluster, global_batch, space, divides):
+        evaluated += 1
+        cand = Candidate(cfg, est.predict(cfg))
+        if cand.fits:
+            feasible.append(cand)
+        elif closest is None or cand.prediction.memory.total < closest.prediction.memory.total:
+            closest = cand
+        if progress is not None:
+            progress(evaluated)
+    if evaluated == 0:
+        raise InfeasibleError(
+            f"no valid configuration of {cluster.world_size} devices for global batch "
+            f"{global_batch}: the batch must be divisible by the data-parallel degree and the "
+            f"tensor-parallel degree must divide the model's sharded dimensions "
+            f"(valid TP degrees here: {tp_degrees(graph, cluster, divides)})")
+    if not feasible:
+        raise InfeasibleError(explain_infeasible(closest, cluster))
+    feasible.sort(key=lambda c: (c.prediction.step_time_s, c.prediction.memory.total,
+                                 c.parallel.label()))
+    return SearchResult(best=feasible[0], ranked=feasible, evaluated=evaluated,
+                        feasible=len(feasible), seconds=time.perf_counter() - start,
+                        closest_infeasible=closest)
+
+
+def explain_infeasible(closest: Candidate, cluster: Cluster) -> str:
+    """Which constraint binds (memory per device: needed vs available) and what would help."""
+    mem = closest.prediction.memory
+    limit = closest.prediction.memory_limit_bytes
+    p = closest.parallel
+    hints = []
+    if p.zero < 3:
+        hints.append("ZeRO-3")
+    if p.checkpoint == "none":
+        hints.append("activation checkpointing")
+    if p.micro_batch > 1:
+        hints.append("a smaller micro-batch")
+    need_devices = cluster.world_size * mem.total / limit
+    hints.append(f"about {need_devices:.0f}+ devices ({cluster.device.name})")
+    return (f"model does not fit: the configuration needing the least memory ({p.label()}) "
+            f"needs {mem.total / GB:.1f} GB per device (params {mem.params / GB:.1f}, grads "
+            f"{mem.grads / GB:.1f}, optimizer {mem.optimizer / GB:.1f}, activations "
+            f"{mem.activations / GB:.1f}, other {mem.other / GB:.1f}) but a "
+            f"{cluster.device.name} has {limit / GB:.1f} GB; to make it fit use "
+            + ", ".join(hints))
+
+
+def _asdict(p: ParallelConfig) -> dict:
+    from dataclasses import asdict
+
+    return asdict(p)
