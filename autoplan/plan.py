@@ -243,12 +243,12 @@ class Plan:
             start, end = st.layers
             if end <= start:
                 raise PlanError(f"field 'stages[{i}].layers': empty range {list(st.layers)}")
-            if len(st.layer_names) != end - start:
-                raise PlanError(f"field 'stages[{i}].layer_names': {len(st.layer_names)} names "
-                                f"for layers {list(st.layers)}")
             if i and start != self.stages[i - 1].layers[1]:
                 raise PlanError(f"field 'stages[{i}].layers': starts at {start}, previous stage "
                                 f"ends at {self.stages[i - 1].layers[1]}")
+            if len(st.layer_names) != end - start:
+                raise PlanError(f"field 'stages[{i}].layer_names': {len(st.layer_names)} names "
+                                f"for layers {list(st.layers)}")
             for r in st.ranks:
                 if not 0 <= r < self.world_size:
                     raise PlanError(f"field 'stages[{i}].ranks': rank {r} outside world size "

@@ -1,0 +1,107 @@
+"""Plan: JSON round trip, validation messages, atomic writes (pure unit tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from autoplan.errors import PlanError
+from autoplan.plan import (MemoryBreakdown, MeshSpec, ParallelConfig, Plan, Prediction, Stage,
+                           TimeBreakdown, atomic_write_text)
+
+
+def _plan(**overrides) -> Plan:
+    parallel = ParallelConfig(dp=2, tp=2, pp=2, zero=1, micro_batch=2, num_micro_batches=4)
+    stages = [
+        Stage(index=0, layers=(0, 3), layer_names=("<pre>", "blocks.0", "blocks.1"),
+              ranks=(0, 1, 2, 3), mesh_shape=(2, 2), checkpoint_layers=("blocks.1",)),
+        Stage(index=1, layers=(3, 6), layer_names=("blocks.2", "blocks.3", "<post>"),
+              ranks=(4, 5, 6, 7), mesh_shape=(2, 2)),
+    ]
+    pred = Prediction(step_time_s=1.5, tokens_per_s=100.0, samples_per_s=10.0,
+                      model_tflops_per_device=100.0, hardware_tflops_per_device=120.0, mfu=0.4,
+                      memory=MemoryBreakdown(params=1e9, grads=1e9, optimizer=2e9,
+                                             activations=3e9),
+                      memory_limit_bytes=80e9, time=TimeBreakdown(compute=1.0, bubble=0.5),
+                      memory_per_stage=(MemoryBreakdown(params=1.0),))
+    kw = dict(model={"source": "builtin", "name": "gpt", "config": {"layers": 4}},
+              model_fingerprint="abc", num_params=1000, cluster={"name": "x"},
+              global_batch=16, seq_len=128, mesh=MeshSpec(shape=(2, 2, 2)), parallel=parallel,
+              stages=stages, param_placements={"blocks.0.attn.q.weight": {"tp": "Shard(0)",
+                                                                          "dp": "Replicate()"}},
+              prediction=pred)
+    kw.update(overrides)
+    return Plan(**kw)
+
+
+def test_round_trip_is_exact(tmp_path):
+    plan = _plan()
+    path = plan.save(tmp_path / "p.json")
+    again = Plan.load(path)
+    assert again.to_json() == plan.to_json()
+    assert again.parallel == plan.parallel
+    assert again.stages == plan.stages
+    assert again.prediction.memory.total == pytest.approx(7e9)
+    assert again.world_size == 8
+
+
+def test_label():
+    assert _plan().parallel.label() == "dp2 tp2 pp2 z1 mb2x4 1f1b"
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(version=99), "field 'version'"),
+    (lambda d: d.update(format="other"), "field 'format'"),
+    (lambda d: d.update(bogus=1), "field 'bogus': unknown key"),
+    (lambda d: d["parallel"].update(zero=5), "field 'parallel.zero'"),
+    (lambda d: d["parallel"].update(dp=0), "field 'parallel.dp'"),
+    (lambda d: d["parallel"].update(schedule="zigzag"), "field 'parallel.schedule'"),
+    (lambda d: d["mesh"].update(shape=[2, 2]), "field 'mesh.shape'"),
+    (lambda d: d.update(global_batch=17), "field 'global_batch'"),
+    (lambda d: d["stages"][1].update(ranks=[4, 5, 6, 9]), "field 'stages[1].ranks'"),
+    (lambda d: d["stages"][1].update(layers=[4, 6]), "field 'stages[1].layers'"),
+    (lambda d: d["param_placements"].update(w={"tp": "Shard(x)"}), "param_placements.w.tp"),
+    (lambda d: d["parallel"].update(wat=1), "parallel.wat"),
+    (lambda d: d.pop("stages"), "field 'stages': missing"),
+])
+def test_validation_names_the_field(tmp_path, mutate, message):
+    d = json.loads(_plan().to_json())
+    mutate(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(PlanError) as info:
+        Plan.load(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_not_json_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{"format": \n oops}')
+    with pytest.raises(PlanError, match=r"broken.json: not valid JSON \(line 2"):
+        Plan.load(path)
+
+
+def test_missing_file():
+    with pytest.raises(PlanError, match="cannot read plan"):
+        Plan.load("/nonexistent/plan.json")
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path):
+    path = tmp_path / "p.json"
+    atomic_write_text(path, "old")
+
+
+    with pytest.raises(TypeError):
+        atomic_write_text(path, 123)            # write() of a non-str fails mid-way
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]   # no temp file left
+
+
+def test_invalid_plan_is_not_written(tmp_path):
+    plan = _plan(global_batch=99)
+    with pytest.raises(PlanError):
+        plan.save(tmp_path / "p.json")
+    assert not os.path.exists(tmp_path / "p.json")
