@@ -1,0 +1,286 @@
+"""Compute cost: a per-op roofline with achieved-efficiency constants.
+
+For one traced op (an :class:`~autoplan.graph.OpNode`) running on 1/``shard`` of its work::
+
+    t_fwd = max(F_fwd / (P * e_mm), B_fwd / (W * e_mem)) + t_k        matmul / conv
+    t_fwd = max(F_fwd / (P * e_attn), B_fwd / (W * e_mem)) + t_k      fused attention
+    t_fwd = phi * (max(F_fwd / P_vec, B_fwd / (W * e_mem)) + t_k)     everything else
+
+with F the op's FLOPs, B the bytes it reads and writes (scaled from the traced dtype to the
+compute dtype), P the device's dense tensor peak for the compute dtype, P_vec its float32
+(vector) peak, W its memory bandwidth, t_k a fixed per-kernel cost and phi the fusion factor.
+Backward: F_bwd from the graph; B_bwd = B_fwd * F_bwd / F_fwd for matmuls (two GEMMs, each
+moving about the forward's bytes) and B_bwd = B_fwd for memory-bound ops (an element-wise
+backward reads the output gradient and what it saved and writes the input gradient; over a
+GPT block's aten backward this measures 0.85x the forward traffic, per-op formulas give
+1.0-1.5x). Views and other metadata-only ops cost nothing; communication ops belong to
+:mod:`autoplan.cost.comm`.
+
+Default efficiency constants per device family (:func:`default_efficiency`) -- a few global
+numbers, never tuned per model:
+
+* ``matmul`` -- achieved fraction of the dense tensor peak for GEMMs of transformer-layer
+  shapes. The best shapes reach 86.9% on A100 SXM and 80.3% on H100 SXM (bf16 "maximum
+  achievable matmul FLOPS", S. Bekman, ml-engineering, compute/accelerator, torch 2.6-2.7);
+  the layer's actual shapes and sustained clocks under power limits lose another ~10%:
+  ampere 0.75, hopper 0.70, volta 0.70 (no MAMF figure; same margin assumed).
+* ``attention`` -- fused (flash) attention kernels: FlashAttention-2 reaches 50-73% of peak
+  forward on A100 and less backward (Dao 2023, arXiv 2307.08691), ~35-50% on H100 without
+  Hopper-specific kernels (FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, reports
+  FA2 at 35% of H100 peak): ampere 0.55, hopper 0.45, volta 0.40.
+* ``memory`` -- fraction of HBM bandwidth element-wise, normalisation and softmax kernels
+  reach: stream-like copies reach ~85-90% on A100/H100 (BabelStream); kernels with
+  reductions and broadcasting less: 0.80 on every GPU.
+* ``fusion`` (phi) -- the fraction of the traced, unfused element-wise traffic and kernels
+  that a training framework still runs. Megatron-LM fuses scale+mask+softmax, bias+GeLU and
+  bias+dropout+add; counting bytes op by op over a GPT block's aten graph, these fusions keep
+  0.42-0.58 of the element-wise traffic (lower without dropout, higher with it): phi = 0.5 on
+  GPUs. On CPU autoplan's engine runs eager PyTorch with no fusion: phi = 1.
+* ``kernel_overhead_s`` (t_k) -- launch and ramp/tail cost of one kernel on a busy stream,
+  a few microseconds on NVIDIA GPUs (NCCL's tuning model and CUDA Graphs measurements put
+  back-to-back launches at ~2-5 us): 3 us on GPUs; eager PyTorch dispatch on CPU: 10 us.
+
+Calibration check (not a fit): for the Megatron-LM SC'21 GPT runs in published.md (eager
+attention, dropout 0.1, full recomputation, TP all-reduces and DP gradient all-reduce from
+:mod:`autoplan.cost.comm`), these constants give 134-153 TFLOP/s per A100 against the
+published 135-142.
+
+Measured timings replace the model op by op: ``ComputeModel(..., measured=fn)`` where
+``fn(node, shard)`` returns (forward, backward) seconds or None to fall back to the roofline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+from autoplan.cluster import DeviceSpec, canonical_dtype
+from autoplan.graph import DTYPE_BYTES, Layer, OpGraph, OpNode
+
+#: Bytes the optimizer step moves per parameter (mixed-precision Adam: read fp32 master,
+#: m, v and a 2-byte gradient, write master, m, v and the 2-byte parameter copy = 28; fp32
+#: Adam: read p, g, m, v, write p, m, v = 28).
+ADAM_BYTES_PER_PARAM = 28.0
+
+#: Backward bytes / forward bytes of a memory-bound op (module docstring).
+BWD_MEMORY_RATIO = 1.0
+
+VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "view_as", "transpose", "t",
+    "permute", "expand", "expand_as", "slice", "select", "unsqueeze", "squeeze", "alias",
+    "detach", "split", "split_with_sizes", "unbind", "chunk", "narrow", "as_strided",
+    "unflatten", "flatten", "lift_fresh", "lift_fresh_copy", "movedim", "diagonal",
+    "_to_copy_noop", "sym_size", "sym_stride", "sym_numel", "getitem", "output", "empty",
+    "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resolve_conj",
+    "resolve_neg", "unsafe_split", "view_as_real", "view_as_complex",
+})
+MATMUL_OPS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot",
+    "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution",
+    "mkldnn_convolution", "convolution_overrideable", "_scaled_mm", "_int_mm", "einsum",
+})
+ATTENTION_OPS = frozenset({
+    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
+    "_efficient_attention_forward", "_scaled_dot_product_fused_attention_overrideable",
+    "flex_attention",
+})
+COMM_OPS = frozenset({
+    "all_reduce", "all_reduce_", "all_gather_into_tensor", "reduce_scatter_tensor",
+    "all_to_all_single", "wait_tensor", "broadcast", "broadcast_", "send", "recv",
+    "allreduce_", "allgather_", "reduce_scatter_",
+})
+_NAMESPACES = frozenset({"aten", "prims", "_c10d_functional", "c10d", "c10d_functional",
+                         "torch", "ops", "_c10d_functional_autograd"})
+
+
+def op_base_name(op: str) -> str:
+    """'aten.mm.default' / 'aten::mm' / 'torch.ops.aten.mm.default' / 'mm' -> 'mm'."""
+    parts = [p for p in op.replace("::", ".").split(".") if p]
+    while len(parts) > 1 and parts[0] in _NAMESPACES:
+        parts = parts[1:]
+    return parts[0] if parts else op
+
+
+def op_kind(node: OpNode) -> str:
+    """'view', 'comm', 'matmul', 'attention' or 'memory' (module docstring)."""
+    base = op_base_name(node.op)
+    if base in VIEW_OPS:
+        return "view"
+    if base in COMM_OPS:
+        return "comm"
+    if base in ATTENTION_OPS:
+        return "attention"
+    if base in MATMUL_OPS:
+        return "matmul"
+    return "memory"
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Efficiency:
+    """Achieved fractions of peak and the fusion / kernel-overhead constants.
+
+    ``matmul``: of the dense tensor peak, for GEMM/conv ops. ``memory``: of memory
+    bandwidth, for everything else. ``attention``: of the tensor peak, for fused attention
+    kernels (None: use ``matmul``). ``fusion``: fraction of the unfused element-wise traffic
+    and kernels that remains after the framework's fusions (1 = none). ``kernel_overhead_s``:
+    fixed seconds per kernel. See the module docstring for the defaults and their sources.
+    """
+
+    matmul: float
+    memory: float
+    attention: float | None = None
+    fusion: float = 1.0
+    kernel_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("matmul", "memory", "attention", "fusion"):
+            value = getattr(self, name)
+            if value is None and name == "attention":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value <= 1:
+                raise ValueError(f"Efficiency.{name} must be in (0, 1], got {value!r}")
+        if not isinstance(self.kernel_overhead_s, (int, float)) or self.kernel_overhead_s < 0:
+            raise ValueError(f"Efficiency.kernel_overhead_s must be >= 0, "
+                             f"got {self.kernel_overhead_s!r}")
+
+    @property
+    def attention_or_matmul(self) -> float:
+        return self.matmul if self.attention is None else self.attention
+
+
+_GPU_GENERIC = Efficiency(matmul=0.70, memory=0.80, attention=0.45, fusion=0.5,
+                          kernel_overhead_s=3e-6)
+#: Default efficiency per DeviceSpec.family (module docstring has the sources).
+DEFAULT_EFFICIENCY: Mapping[str, Efficiency] = MappingProxyType({
+    "ampere": Efficiency(matmul=0.75, memory=0.80, attention=0.55, fusion=0.5,
+                         kernel_overhead_s=3e-6),
+    "hopper": Efficiency(matmul=0.70, memory=0.80, attention=0.45, fusion=0.5,
+                         kernel_overhead_s=3e-6),
+    "volta": Efficiency(matmul=0.70, memory=0.80, attention=0.40, fusion=0.5,
+                        kernel_overhead_s=3e-6),
+    "gpu": _GPU_GENERIC,
+    # CPU (quick check on cpu-local: fp32 2048^3 matmul ~55% of the estimated peak; copy
+    # ~64 GB/s of the ~60-80 GB/s estimate); eager PyTorch: no fusion, ~10 us per op.
+    "cpu": Efficiency(matmul=0.55, memory=0.75, attention=0.30, fusion=1.0,
+                      kernel_overhead_s=10e-6),
+})
+
+
+def default_efficiency(device: DeviceSpec) -> Efficiency:
+    """The documented defaults for ``device.family`` (generic GPU figures if unknown)."""
+    return DEFAULT_EFFICIENCY.get(device.family, _GPU_GENERIC)
+
+
+MeasuredFn = Callable[[OpNode, float], "tuple[float, float] | None"]
+
+
+class ComputeModel:
+    """Forward/backward seconds of ops and layers on one device (module docstring).
+
+    ``dtype`` is the compute dtype (mixed precision: 'bfloat16'); the graph may have been
+    traced in another dtype, and each op's bytes are rescaled to ``dtype``'s width.
+    """
+
+    def __init__(self, device: DeviceSpec, dtype: str = "bfloat16",
+                 efficiency: Efficiency | None = None, *,
+                 measured: MeasuredFn | None = None):
+        self.device = device
+        self.dtype = canonical_dtype(dtype)
+        self.peak = device.peak_flops(self.dtype)          # raises if the device lacks it
+        self.vector_peak = device.peak_flops("float32") if "float32" in device.peak_tflops \
+            else self.peak
+        self.efficiency = efficiency or default_efficiency(device)
+        self.measured = measured
+        storage = {"tf32": "float32", "float8": "float8_e4m3fn"}.get(self.dtype, self.dtype)
+        self._dtype_bytes = DTYPE_BYTES.get(storage, 4)
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
+    # ---- one op --------------------------------------------------------------------------
+    def _byte_scale(self, node: OpNode) -> float:
+        """compute-dtype width / traced float width of this op's tensors (1 if none)."""
+        for meta in (*node.output_meta, *node.input_meta):
+            if _is_float(meta.dtype):
+                return self._dtype_bytes / DTYPE_BYTES.get(meta.dtype, 4)
+        return 1.0
+
+    @staticmethod
+    def _has_backward(node: OpNode) -> bool:
+        """An op whose inputs and outputs are not both floating point gets no gradient
+        (masks, index computations, factory ops like ones/arange/tril of bools)."""
+        return (any(_is_float(m.dtype) for m in node.output_meta)
+                and any(_is_float(m.dtype) for m in node.input_meta))
+
+    def op_time(self, node: OpNode, shard: float = 1.0) -> tuple[float, float]:
+        """(forward, backward) seconds of ``node`` doing 1/``shard`` of its work."""
+        if shard <= 0:
+            raise ValueError(f"shard must be > 0, got {shard}")
+        kind = op_kind(node)
+        if kind in ("view", "comm"):
+            return 0.0, 0.0
+        if self.measured is not None:
+            hit = self.measured(node, shard)
+            if hit is not None:
+                return float(hit[0]), float(hit[1])
+        eff = self.efficiency
+        bw = self.device.memory_bandwidth * eff.memory
+        t_k = eff.kernel_overhead_s
+        nbytes = (node.bytes_read + node.bytes_written) * self._byte_scale(node) / shard
+        f_fwd, f_bwd = node.fwd_flops / shard, node.bwd_flops / shard
+        if kind in ("matmul", "attention"):
+            rate = self.peak * (eff.matmul if kind == "matmul" else eff.attention_or_matmul)
+            fwd = max(f_fwd / rate, nbytes / bw) + t_k
+            if f_bwd <= 0:
+                return fwd, 0.0
+            b_bwd = nbytes * (f_bwd / f_fwd if f_fwd > 0 else 2.0)
+            kernels = 2 if kind == "matmul" else 1        # dgrad + wgrad; one fused kernel
+            return fwd, max(f_bwd / rate, b_bwd / bw) + kernels * t_k
+        phi = eff.fusion
+        fwd = phi * (max(f_fwd / self.vector_peak, nbytes / bw) + t_k)
+        if not self._has_backward(node):
+            return fwd, 0.0
+        bwd = phi * (max(f_bwd / self.vector_peak, BWD_MEMORY_RATIO * nbytes / bw) + t_k)
+        return fwd, bwd
+
+    # ---- one layer -----------------------------------------------------------------------
+    def layer_time(self, layer: Layer, graph: OpGraph, *, tp: int = 1,
+                   sequence_parallel: bool = False,
+                   micro_batch_scale: float = 1.0) -> tuple[float, float]:
+        """(forward, backward) seconds of ``layer`` on one device of a TP group of ``tp``.
+
+        ``column``/``row``/``sharded`` ops do 1/tp of their work; ``replicated`` ops only
+        under sequence parallelism. ``micro_batch_scale`` = micro-batch / traced batch: it
+        scales FLOPs and bytes (not the per-kernel overhead), so pass it rather than
+        multiplying the result. Tensor-parallel communication is not included (see
+        :mod:`autoplan.cost.comm` and ``LayerStats.tp_allreduce_*_bytes``).
+        """
+        if tp < 1 or micro_batch_scale <= 0:
+            raise ValueError(f"need tp >= 1 and micro_batch_scale > 0, got {tp}, "
+                             f"{micro_batch_scale}")
+        key = (graph.fingerprint, graph.batch.batch_size, layer.index if not layer.kind
+               else layer.kind, tp, sequence_parallel, micro_batch_scale)
+        if self.measured is None and key in self._cache:
+            return self._cache[key]
+        fwd = bwd = 0.0
+        for name in layer.nodes:
+            node = graph.nodes[name]
+            sharded = node.tp_role != "replicated" or sequence_parallel
+            f, b = self.op_time(node, shard=(tp if sharded else 1) / micro_batch_scale)
+            fwd += f
+            bwd += b
+        self._cache[key] = (fwd, bwd)
+        return fwd, bwd
+
+    # ---- optimizer -----------------------------------------------------------------------
+    def optimizer_time(self, num_params: float,
+                       bytes_per_param: float = ADAM_BYTES_PER_PARAM) -> float:
+        """Seconds of an Adam step over ``num_params`` local parameters (memory-bound)."""
+        return num_params * bytes_per_param / (self.device.memory_bandwidth
+                                               * self.efficiency.memory)

@@ -1,0 +1,141 @@
+"""Memory cost: model states (ZeRO), activations per layer, pipeline in-flight counts.
+
+Model states (Rajbhandari et al. 2019, "ZeRO", arXiv 1910.02054, sec. 3.1 and 5): with
+mixed-precision Adam a parameter costs 2 bytes (fp16/bf16 copy) + 2 (gradient) + K = 12
+(fp32 master copy, momentum, variance) = 16 bytes. Over N_d data-parallel ranks:
+
+    ZeRO-0: 16 psi     ZeRO-1: 4 psi + 12 psi / N_d     ZeRO-2: 2 psi + 14 psi / N_d
+    ZeRO-3: 16 psi / N_d
+
+(psi = 7.5e9, N_d = 64: 120, 31.4, 16.6, 1.9 GB per device). Plain fp32 Adam keeps 4 (param)
++ 4 (grad) + 8 (momentum, variance) bytes per parameter, sharded the same way. Tensor and
+pipeline parallelism divide psi before ZeRO does (``params_sharded_by``).
+
+Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", arXiv 2205.05198, sec. 4): per transformer layer and micro-batch, in
+bytes with 16-bit activations, sequence s, micro-batch b, hidden h, heads a, TP degree t:
+
+    no parallelism          s b h (34 + 5 a s / h)
+    tensor parallel         s b h (10 + 24 / t + 5 a s / (h t))
+    tensor + sequence par.  s b h (34 + 5 a s / h) / t
+    full recomputation      2 s b h   (the layer input only; / t under sequence parallelism)
+
+The traced graph gives these terms directly: ``LayerStats.saved_bytes`` is the whole sum,
+``saved_bytes_tp`` the part TP shards (24 + 5as/h), ``saved_bytes_attn`` the attention
+matrices (5as/h, not stored by flash attention), ``input_bytes`` the layer input (2sbh).
+
+Pipeline in-flight micro-batches (how many micro-batches' activations a stage holds at its
+peak): GPipe (Huang et al. 2019) all m; 1F1B (PipeDream-Flush, Narayanan et al. 2021)
+min(p - stage, m); interleaved 1F1B (Narayanan et al. SC'21, arXiv 2104.04473, sec. 2.2.2)
+see :func:`in_flight_micro_batches`.
+"""
+
+from __future__ import annotations
+
+from autoplan.graph import LayerStats
+from autoplan.plan import SCHEDULES, MemoryBreakdown
+
+#: Bytes per parameter: (params, grads, optimizer states) before any sharding.
+PRECISION_BYTES: dict[str, tuple[float, float, float]] = {
+    "mixed": (2.0, 2.0, 12.0),     # fp16/bf16 params + grads; fp32 master, momentum, variance
+    "fp32": (4.0, 4.0, 8.0),       # fp32 params + grads; momentum, variance
+}
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def model_state_bytes(num_params: float, *, dp: int, zero: int, precision: str = "mixed",
+                      params_sharded_by: int = 1) -> MemoryBreakdown:
+    """Bytes per device of parameters, gradients and optimizer states (``other`` = 0).
+
+    ``num_params`` is the model's (or stage's) parameter count; ``params_sharded_by`` the
+    factor TP (and anything else) divides it by before ZeRO shards over ``dp`` ranks.
+    """
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"precision must be one of {sorted(PRECISION_BYTES)}, "
+                         f"got {precision!r}")
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {zero!r}")
+    _positive_int(dp, "dp")
+    if not params_sharded_by >= 1:
+        raise ValueError(f"params_sharded_by must be >= 1, got {params_sharded_by!r}")
+    if num_params < 0:
+        raise ValueError(f"num_params must be >= 0, got {num_params!r}")
+    psi = num_params / params_sharded_by
+    p_bytes, g_bytes, o_bytes = PRECISION_BYTES[precision]
+    return MemoryBreakdown(
+        params=psi * p_bytes / (dp if zero >= 3 else 1),
+        grads=psi * g_bytes / (dp if zero >= 2 else 1),
+        optimizer=psi * o_bytes / (dp if zero >= 1 else 1),
+    )
+
+
+def activation_bytes(stats: LayerStats, *, tp: int = 1, sequence_parallel: bool = False,
+                     checkpoint: bool = False, micro_batch_scale: float = 1.0,
+                     flash_attention: bool = False) -> float:
+    """Bytes one layer keeps for backward for one micro-batch, per device.
+
+    Without recomputation: (saved - saved_tp) [/ tp under SP] + saved_tp / tp, minus the
+    attention matrices with ``flash_attention``. With ``checkpoint`` (full recomputation)
+    only the layer input is kept ([/ tp under SP]); the recomputed layer's activations exist
+    transiently during its backward -- add :func:`recompute_peak_bytes` once per stage.
+    ``micro_batch_scale`` = micro-batch / traced batch (activations are linear in it).
+    """
+    _positive_int(tp, "tp")
+    if micro_batch_scale <= 0:
+        raise ValueError(f"micro_batch_scale must be > 0, got {micro_batch_scale!r}")
+    replicated_div = tp if sequence_parallel else 1
+    if checkpoint:
+        return stats.input_bytes / replicated_div * micro_batch_scale
+    sharded = float(stats.saved_bytes_tp)
+    replicated = float(stats.saved_bytes - stats.saved_bytes_tp)
+    if flash_attention:
+        # The attention matrices are per-head, so TP shards them; drop them from the sharded
+        # part first, and from the rest if a graph attributed them elsewhere.
+        attn = float(stats.saved_bytes_attn)
+        from_sharded = min(attn, sharded)
+        sharded -= from_sharded
+        replicated = max(0.0, replicated - (attn - from_sharded))
+    return (replicated / replicated_div + sharded / tp) * micro_batch_scale
+
+
+def recompute_peak_bytes(stats: LayerStats, *, tp: int = 1, sequence_parallel: bool = False,
+                         micro_batch_scale: float = 1.0, flash_attention: bool = False) -> float:
+    """Transient bytes of one fully recomputed layer during its backward: its activations
+    as without recomputation. A stage with checkpointed layers adds this once (the largest
+    such layer), on top of the kept inputs of all in-flight micro-batches."""
+    return activation_bytes(stats, tp=tp, sequence_parallel=sequence_parallel,
+                            checkpoint=False, micro_batch_scale=micro_batch_scale,
+                            flash_attention=flash_attention)
+
+
+def in_flight_micro_batches(schedule: str, pp: int, stage: int, num_micro_batches: int,
+                            virtual_stages: int = 1) -> float:
+    """Micro-batches of *whole-stage* activations pipeline rank ``stage`` holds at its peak.
+
+    * ``gpipe``: all forwards run before any backward: m.
+    * ``1f1b``: rank r runs p - r - 1 warm-up forwards, then alternates one forward and one
+      backward: min(p - r, m).
+    * ``interleaved_1f1b`` with v model chunks per rank: Megatron-LM's schedule runs
+      w = 2(p - r - 1) + (v - 1) p warm-up forwards of *chunks* (each 1/v of the stage), so
+      the peak is min(w + 1, m v) / v stage-micro-batches. On the first stage this is
+      p (1 + (p - 1) / (p v)), Korthikanti et al. 2022 sec. 4.2.3; v = 1 is plain 1F1B.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    _positive_int(pp, "pp")
+    _positive_int(num_micro_batches, "num_micro_batches")
+    _positive_int(virtual_stages, "virtual_stages")
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
+        raise ValueError(f"stage must be in [0, {pp}), got {stage!r}")
+    m, v = num_micro_batches, virtual_stages
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "1f1b" or v == 1:
+        return float(min(pp - stage, m))
+    warmup = 2 * (pp - stage - 1) + (v - 1) * pp
+    return min(warmup + 1, m * v) / v

@@ -1,0 +1,250 @@
+"""Cost model: ZeRO memory, activations, pipeline in-flight counts, collectives, roofline."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.cluster import load_cluster, load_device
+from autoplan.cost import (CommModel, ComputeModel, Efficiency, Group, activation_bytes,
+                           default_efficiency, in_flight_micro_batches, model_state_bytes,
+                           op_kind, recompute_peak_bytes)
+from autoplan.errors import UnknownNameError
+from autoplan.graph import BatchSpec, Layer, LayerStats, OpGraph, OpNode, TensorMeta
+
+GB = 1e9
+
+
+# ---- model states (ZeRO paper, sec. 5: psi = 7.5B, N_d = 64) ------------------------------
+
+@pytest.mark.parametrize("zero,expected_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_model_states_match_the_paper(zero, expected_gb):
+    mem = model_state_bytes(7.5e9, dp=64, zero=zero)
+    assert mem.total / GB == pytest.approx(expected_gb, rel=0.02)
+    assert mem.activations == mem.other == 0
+
+
+def test_zero_breakdown_and_sharding():
+    m = model_state_bytes(1e9, dp=8, zero=2)
+    assert (m.params, m.grads, m.optimizer) == (2e9, 2e9 / 8, 12e9 / 8)
+    fp32 = model_state_bytes(1e9, dp=8, zero=1, precision="fp32")
+    assert (fp32.params, fp32.grads, fp32.optimizer) == (4e9, 4e9, 1e9)
+    tp = model_state_bytes(8e9, dp=4, zero=3, params_sharded_by=8)      # TP=8 first
+    assert tp.total == pytest.approx(16 * 1e9 / 4)
+    with pytest.raises(ValueError, match="zero must be"):
+        model_state_bytes(1e9, dp=8, zero=4)
+    with pytest.raises(ValueError, match="precision"):
+        model_state_bytes(1e9, dp=8, zero=0, precision="fp8")
+
+
+# ---- activations (Korthikanti et al. 2022, sec. 4) ---------------------------------------
+
+S, B, H, A, T = 2048, 2, 4096, 32, 8
+SBH = S * B * H
+
+
+def gpt_layer_stats() -> LayerStats:
+    attn = 5 * A * S / H
+    return LayerStats(saved_bytes=int(SBH * (34 + attn)), saved_bytes_tp=int(SBH * (24 + attn)),
+                      saved_bytes_attn=int(SBH * attn), input_bytes=2 * SBH,
+                      output_bytes=2 * SBH)
+
+
+def test_activations_no_parallelism():
+    assert activation_bytes(gpt_layer_stats()) == pytest.approx(SBH * (34 + 5 * A * S / H))
+
+
+def test_activations_tensor_parallel():
+    got = activation_bytes(gpt_layer_stats(), tp=T)
+    assert got == pytest.approx(SBH * (10 + 24 / T + 5 * A * S / (H * T)))
+
+
+def test_activations_sequence_parallel():
+    got = activation_bytes(gpt_layer_stats(), tp=T, sequence_parallel=True)
+    assert got == pytest.approx(SBH * (34 + 5 * A * S / H) / T)
+
+
+def test_activations_full_recomputation():
+    stats = gpt_layer_stats()
+    assert activation_bytes(stats, tp=T, checkpoint=True) == 2 * SBH
+    assert activation_bytes(stats, tp=T, sequence_parallel=True, checkpoint=True) == 2 * SBH / T
+    assert recompute_peak_bytes(stats, tp=T) == activation_bytes(stats, tp=T)
+
+
+def test_activations_flash_attention_and_micro_batch_scale():
+    stats = gpt_layer_stats()
+    assert activation_bytes(stats, flash_attention=True) == pytest.approx(SBH * 34)
+    assert activation_bytes(stats, tp=T, flash_attention=True) == pytest.approx(
+        SBH * (10 + 24 / T))
+    assert activation_bytes(stats, micro_batch_scale=4) == pytest.approx(
+        4 * activation_bytes(stats))
+
+
+# ---- pipeline in-flight micro-batches ----------------------------------------------------
+
+def test_in_flight_gpipe_and_1f1b():
+    assert in_flight_micro_batches("gpipe", 4, 0, 16) == 16
+    assert in_flight_micro_batches("gpipe", 4, 3, 16) == 16
+    assert [in_flight_micro_batches("1f1b", 4, r, 16) for r in range(4)] == [4, 3, 2, 1]
+    assert in_flight_micro_batches("1f1b", 8, 0, 3) == 3                  # capped by m
+
+
+def test_in_flight_interleaved():
+    p, v, m = 4, 2, 16
+    first = in_flight_micro_batches("interleaved_1f1b", p, 0, m, v)
+    assert first == pytest.approx(p * (1 + (p - 1) / (p * v)))          # Korthikanti 4.2.3
+    assert in_flight_micro_batches("interleaved_1f1b", p, p - 1, m, v) == pytest.approx(
+        ((v - 1) * p + 1) / v)                                           # Megatron warm-up
+    assert in_flight_micro_batches("interleaved_1f1b", p, 1, m, 1) == 3  # v = 1 is 1F1B
+    assert in_flight_micro_batches("interleaved_1f1b", p, 0, 2, v) == 2  # capped by m
+    with pytest.raises(ValueError, match="stage"):
+        in_flight_micro_batches("1f1b", 4, 4, 16)
+    with pytest.raises(ValueError, match="schedule"):
+        in_flight_micro_batches("zigzag", 4, 0, 16)
+
+
+# ---- communication -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def selene() -> CommModel:
+    return CommModel(load_cluster("dgx-a100", nodes=64))
+
+
+def test_all_reduce_inside_a_dgx_a100(selene):
+    t = selene.time("all_reduce", 1e9, Group(8, 8))
+    assert t == pytest.approx(2 * 7 / 8 * 1e9 / 230e9, rel=0.01)
+    assert selene.alpha("all_reduce", Group(8, 8)) == pytest.approx(14e-6)   # 2(n-1) steps
+
+
+def test_cross_node_groups_share_the_nics(selene):
+    one_per_node = Group(64, 1)                  # TP=8 in each node, DP across 64 nodes
+    assert selene.bus_bandwidth(one_per_node) == pytest.approx(24e9)          # one HDR NIC
+    whole_nodes = Group(64 * 8, 8)               # DP over whole nodes
+    assert selene.bus_bandwidth(whole_nodes) == pytest.approx(192e9)          # published
+    assert selene.bus_bandwidth(Group(32, 2)) == pytest.approx(48e9)          # 2 NICs' share
+    assert selene.bus_bandwidth(Group(64, 1, concurrent=1)) == pytest.approx(24e9)  # own NIC
+    t = selene.time("all_reduce", 1e9, one_per_node)
+    assert t == pytest.approx(2 * 63 / 64 * 1e9 / 24e9, rel=0.01)
+    assert selene.time("send_recv", 1e8, Group(2, 1)) == pytest.approx(1e8 / 24e9 + 5e-6)
+
+
+def test_alpha_dominates_tiny_messages(selene):
+    g = Group(64, 1)
+    t = selene.time("all_reduce", 8, g)
+    assert selene.alpha("all_reduce", g) / t > 0.999
+    assert t == pytest.approx(2 * 6 * 5e-6, rel=0.01)            # 2 x log2(64) network steps
+    assert selene.time("all_reduce", 0, g) == 0.0
+    assert selene.time("all_reduce", 1e9, Group(1, 1)) == 0.0
+
+
+def test_collectives_relative_times(selene):
+    g, n = Group(8, 8), 1e9
+    ar, ag, rs = (selene.time(c, n, g) for c in ("all_reduce", "all_gather", "reduce_scatter"))
+    a2a, p2p = selene.time("all_to_all", n, g), selene.time("send_recv", n, Group(2, 2))
+    assert ar == pytest.approx(ag + rs, rel=0.01)                # ring AR = RS + AG
+    assert ag == pytest.approx(rs) and a2a == pytest.approx(ag)
+    assert p2p == pytest.approx(n / 230e9 + 1e-6)
+    assert selene.time("all_reduce", n, Group(16, 8)) > ar       # crossing nodes is slower
+
+
+def test_comm_fitted_table_and_errors():
+    cluster = load_cluster("dgx-a100", nodes=2)
+    fitted = CommModel(cluster, fitted={("all_reduce", "intra"): (20e-6, 1 / 200e9)})
+    assert fitted.time("all_reduce", 1e9, Group(8, 8)) == pytest.approx(
+        20e-6 + 2 * 7 / 8 * 1e9 / 200e9)
+    assert fitted.time("all_gather", 1e9, Group(8, 8)) == pytest.approx(
+        CommModel(cluster).time("all_gather", 1e9, Group(8, 8)))  # not fitted: default
+    with pytest.raises(ValueError, match="unknown collective 'broadcastt'"):
+        fitted.time("broadcastt", 1, Group(2, 2))
+    with pytest.raises(ValueError, match="spans 3 nodes"):
+        fitted.time("all_reduce", 1, Group(24, 8))
+    with pytest.raises(ValueError, match="16 ranks per node"):
+        fitted.time("all_reduce", 1, Group(16, 16))
+
+
+def test_group_shapes_from_meshes():
+    assert Group.for_mesh_axis((2, 4, 8), 2, 8) == Group(8, 8)          # tp inside a node
+    assert Group.for_mesh_axis((2, 4, 8), 1, 8) == Group(4, 1)          # dp across nodes
+    assert Group.for_mesh_axis((1, 4, 4), 1, 8) == Group(4, 2)          # ranks 0,4 | 8,12
+    assert Group.of_ranks([0, 1, 8, 9], 8) == Group(4, 2)
+
+
+# ---- compute -----------------------------------------------------------------------------
+
+def node(op: str, *, flops: float = 0.0, nbytes: int = 0, role: str = "replicated",
+         dtype: str = "bfloat16", name: str = "n") -> OpNode:
+    return OpNode(name=name, op=op, inputs=[], input_meta=[TensorMeta((1,), dtype)],
+                  output_meta=[TensorMeta((1,), dtype)], fwd_flops=flops, bwd_flops=2 * flops,
+                  bytes_read=nbytes * 2 // 3, bytes_written=nbytes - nbytes * 2 // 3,
+                  tp_role=role)  # type: ignore[arg-type]
+
+
+def test_roofline_matmul_is_compute_bound():
+    a100 = load_device("a100-80gb")
+    cm = ComputeModel(a100, "bfloat16")
+    eff = default_efficiency(a100)
+    n = 4096
+    mm = node("aten.mm.default", flops=2 * n**3, nbytes=3 * n * n * 2)
+    fwd, bwd = cm.op_time(mm)
+    assert op_kind(mm) == "matmul"
+    assert fwd == pytest.approx(2 * n**3 / (312e12 * eff.matmul) + eff.kernel_overhead_s)
+    assert 2 * n**3 / (312e12 * eff.matmul) > 3 * n * n * 2 / (2039e9 * eff.memory)
+    assert bwd == pytest.approx(4 * n**3 / (312e12 * eff.matmul) + 2 * eff.kernel_overhead_s)
+
+
+def test_roofline_pointwise_is_memory_bound():
+    a100 = load_device("a100-80gb")
+    cm = ComputeModel(a100, "bfloat16")
+    eff = default_efficiency(a100)
+    numel = 64 * 2**20
+    gelu = node("aten.gelu.default", nbytes=2 * numel * 2)       # read + write, bf16
+    fwd, bwd = cm.op_time(gelu)
+    assert op_kind(gelu) == "memory"
+    expected = eff.fusion * (2 * numel * 2 / (2039e9 * eff.memory) + eff.kernel_overhead_s)
+    assert fwd == pytest.approx(expected) and bwd == pytest.approx(expected)
+    # the same op traced in float32 moves half the bytes in bfloat16
+    fwd32, _ = cm.op_time(node("aten.gelu.default", nbytes=4 * numel * 2, dtype="float32"))
+    assert fwd32 == pytest.approx(fwd)
+    assert cm.op_time(node("aten.view.default", nbytes=10**9)) == (0.0, 0.0)
+
+
+def test_op_time_sharding_measured_hook_and_dtypes():
+    a100 = load_device("a100-80gb")
+    exact = Efficiency(matmul=0.8, memory=0.8)                  # no overhead, no fusion
+    cm = ComputeModel(a100, "bfloat16", exact)
+    mm = node("aten.addmm.default", flops=1e12, nbytes=10**6)
+    assert cm.op_time(mm, shard=4)[0] == pytest.approx(cm.op_time(mm)[0] / 4)
+    hooked = ComputeModel(a100, "bfloat16", exact,
+                          measured=lambda n, s: (1.0, 2.0) if n.op.endswith("addmm.default")
+                          else None)
+    assert hooked.op_time(mm) == (1.0, 2.0)
+    assert hooked.op_time(node("aten.gelu.default", nbytes=10**6)) == cm.op_time(
+        node("aten.gelu.default", nbytes=10**6))
+    with pytest.raises(UnknownNameError, match="bfloat16"):
+        ComputeModel(load_device("v100-32gb"), "bfloat16")
+    assert ComputeModel(load_device("v100-32gb"), "float16").peak == 125e12
+    with pytest.raises(ValueError, match="in \\(0, 1\\]"):
+        Efficiency(matmul=1.5, memory=0.8)
+
+
+def test_layer_time_shards_by_tp_role():
+    a100 = load_device("a100-80gb")
+    cm = ComputeModel(a100, "bfloat16", Efficiency(matmul=0.8, memory=0.8))
+    ops = [node("aten.addmm.default", flops=4e12, nbytes=10**6, role="column", name="fc1"),
+           node("aten.gelu.default", nbytes=4 * 10**9, role="sharded", name="gelu"),
+           node("aten.addmm.default", flops=4e12, nbytes=10**6, role="row", name="fc2"),
+           node("aten.native_layer_norm.default", nbytes=10**9, role="replicated", name="ln")]
+    graph = OpGraph(model_name="toy", fingerprint="f", batch=BatchSpec(batch_size=1),
+                    nodes={o.name: o for o in ops}, params={},
+                    layers=[Layer(index=0, name="blocks.0", kind="Block#x",
+                                  nodes=[o.name for o in ops])])
+    layer = graph.layers[0]
+    ln_f, ln_b = cm.op_time(ops[3])
+    f1, b1 = cm.layer_time(layer, graph)
+    f4, b4 = cm.layer_time(layer, graph, tp=4)
+    assert f4 == pytest.approx((f1 - ln_f) / 4 + ln_f)          # replicated LN not sharded
+    assert b4 == pytest.approx((b1 - ln_b) / 4 + ln_b)
+    f4sp, b4sp = cm.layer_time(layer, graph, tp=4, sequence_parallel=True)
+    assert (f4sp, b4sp) == (pytest.approx(f1 / 4), pytest.approx(b1 / 4))
+    f2x, _ = cm.layer_time(layer, graph, micro_batch_scale=2)
+    assert f2x == pytest.approx(2 * f1)
+    assert cm.optimizer_time(1e9) == pytest.approx(28e9 / (2039e9 * 0.8))
