@@ -192,6 +192,8 @@ class DeviceSpec:
         """Peak memory bandwidth in bytes/s."""
         return self.memory_bandwidth_gbps * 1e9
 
+    memory_bandwidth_bytes = memory_bandwidth      # alias: bytes/s, like memory_bytes
+
     @property
     def is_cpu(self) -> bool:
         return self.family == "cpu"
@@ -286,8 +288,8 @@ class LinkSpec:
 class Cluster:
     """``nodes`` x ``devices_per_node`` devices of one kind, and the links between them.
 
-    ``inter_node`` may be None for a cluster that is one node by nature (``local-cpu``);
-    such a cluster cannot be widened with :meth:`with_nodes`. ``device_overrides`` records
+    Both links are always present (a single-node preset still says what joins its nodes
+    when widened with :meth:`with_nodes`). ``device_overrides`` records
     the overrides a preset applied to its named device (already reflected in ``device``).
     ``source`` is the file the cluster came from.
     """
@@ -297,7 +299,7 @@ class Cluster:
     devices_per_node: int
     device: DeviceSpec
     intra_node: LinkSpec
-    inter_node: LinkSpec | None = None
+    inter_node: LinkSpec
     description: str = ""
     device_overrides: Mapping[str, Any] = field(default_factory=dict, hash=False)
     source: str = "<dict>"
@@ -310,8 +312,8 @@ class Cluster:
             raise _fail("must be a DeviceSpec", "device")
         if not isinstance(self.intra_node, LinkSpec):
             raise _fail("must be a LinkSpec", "intra_node")
-        if self.inter_node is not None and not isinstance(self.inter_node, LinkSpec):
-            raise _fail("must be a LinkSpec or absent", "inter_node")
+        if not isinstance(self.inter_node, LinkSpec):
+            raise _fail("must be a LinkSpec", "inter_node")
         if self.intra_node.kind in _GPU_FABRICS and self.devices_per_node % 2:
             # NVLink / NVSwitch baseboards carry 2, 4, 8 or 16 GPUs; an odd count is a typo.
             if self.devices_per_node != 1:
@@ -320,9 +322,7 @@ class Cluster:
         if self.intra_node.kind in _GPU_FABRICS and self.device.is_cpu:
             raise _fail(f"{self.intra_node.kind} does not connect CPUs (device "
                         f"'{self.device.name}')", "intra_node.kind")
-        if self.nodes > 1 and self.inter_node is None:
-            raise _fail(f"{self.nodes} nodes need an inter_node link", "inter_node")
-        if self.inter_node is not None and self.inter_node.kind in _GPU_FABRICS:
+        if self.inter_node.kind in _GPU_FABRICS:
             raise _fail(f"{self.inter_node.kind} is an intra-node fabric; inter_node needs "
                         "infiniband, roce or ethernet", "inter_node.kind")
         _text(self.description, "description", empty_ok=True)
@@ -341,9 +341,7 @@ class Cluster:
 
     @property
     def node_nic_bandwidth(self) -> float:
-        """Bytes/s of all NICs of one node together (0 without an inter-node link)."""
-        if self.inter_node is None:
-            return 0.0
+        """Bytes/s of all NICs of one node together."""
         return self.inter_node.nics * self.inter_node.bandwidth
 
     def with_nodes(self, nodes: int) -> "Cluster":
@@ -355,10 +353,8 @@ class Cluster:
 
     def describe(self) -> str:
         """One line, e.g. '4 x 8 a100-80gb (nvswitch 230 GB/s, 8 x infiniband 24 GB/s)'."""
-        inter = ""
-        if self.inter_node is not None:
-            inter = (f", {self.inter_node.nics} x {self.inter_node.kind} "
-                     f"{self.inter_node.bandwidth_gbps:g} GB/s")
+        inter = (f", {self.inter_node.nics} x {self.inter_node.kind} "
+                 f"{self.inter_node.bandwidth_gbps:g} GB/s")
         return (f"{self.nodes} x {self.devices_per_node} {self.device.name} "
                 f"({self.intra_node.kind} {self.intra_node.bandwidth_gbps:g} GB/s{inter})")
 
@@ -369,7 +365,7 @@ class Cluster:
                 "devices_per_node": self.devices_per_node, "device": self.device.to_dict(),
                 "device_overrides": dict(self.device_overrides),
                 "intra_node": self.intra_node.to_dict(),
-                "inter_node": None if self.inter_node is None else self.inter_node.to_dict(),
+                "inter_node": self.inter_node.to_dict(),
                 "source": self.source}
 
     @classmethod
@@ -413,9 +409,7 @@ class Cluster:
                 device_dict[key] = value
         device = DeviceSpec.from_dict(device_dict, source=source, prefix="device.")
         intra = LinkSpec.from_dict(d["intra_node"], source=source, prefix="intra_node.")
-        inter = None
-        if d.get("inter_node") is not None:
-            inter = LinkSpec.from_dict(d["inter_node"], source=source, prefix="inter_node.")
+        inter = LinkSpec.from_dict(d["inter_node"], source=source, prefix="inter_node.")
         try:
             return cls(name=d["name"], nodes=d["nodes"], devices_per_node=d["devices_per_node"],
                        device=device, intra_node=intra, inter_node=inter,

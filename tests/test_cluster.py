@@ -64,7 +64,7 @@ def test_dgx_a100_figures():
     assert c.device.peak_flops("torch.float16") == 312e12
     assert c.device.peak_flops("fp32") == 19.5e12
     assert c.device.memory_bytes == 80e9
-    assert c.device.memory_bandwidth == 2039e9
+    assert c.device.memory_bandwidth == c.device.memory_bandwidth_bytes == 2039e9
     assert c.intra_node.bandwidth == 230e9
     assert c.node_nic_bandwidth == pytest.approx(192e9)      # 8 x HDR, published busbw
     assert c.device_type == "cuda"
@@ -93,7 +93,7 @@ def test_every_device_cites_every_figure():
 def test_local_cpu_is_a_quarter_of_the_machine():
     c = load_cluster("local-cpu")
     whole = load_device("cpu-local")
-    assert (c.world_size, c.device_type, c.inter_node) == (4, "cpu", None)
+    assert (c.world_size, c.device_type, c.inter_node.kind) == (4, "cpu", "ethernet")
     assert c.device.peak_flops("float32") == pytest.approx(whole.peak_flops("float32") / 4,
                                                            rel=0.01)
     assert c.device.memory_gb == whole.memory_gb / 4
@@ -108,8 +108,8 @@ def test_nodes_override_and_with_nodes():
     assert load_cluster("dgx-a100").with_nodes(64) == selene
     with pytest.raises(ConfigError, match="field 'nodes': must be a positive integer, got 0"):
         load_cluster("dgx-a100", nodes=0)
-    with pytest.raises(ConfigError, match="field 'inter_node': 2 nodes need an inter_node link"):
-        load_cluster("local-cpu").with_nodes(2)
+    with pytest.raises(ConfigError, match="field 'nodes': must be >= 1, got 0"):
+        load_cluster("dgx-a100").with_nodes(0)
 
 
 @pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "local-cpu"])
@@ -165,6 +165,8 @@ def test_wrong_type(profiles):
 def test_missing_device(profiles):
     msg = error_of(profiles, GOOD.replace("device: a100-80gb\n", ""))
     assert msg == "clusters/foo.yaml: field 'device': missing"
+    msg = error_of(profiles, "\n".join(GOOD.splitlines()[:-1]) + "\n")
+    assert msg == "clusters/foo.yaml: field 'inter_node': missing"
 
 
 def test_unknown_device_name(profiles):
@@ -192,6 +194,8 @@ def test_nvswitch_with_odd_device_count(profiles):
 def test_bad_link_kind_and_override_key(profiles):
     msg = error_of(profiles, GOOD.replace("kind: infiniband", "kind: carrier-pigeon"))
     assert msg.startswith("clusters/foo.yaml: field 'inter_node.kind': must be one of ")
+    msg = error_of(profiles, GOOD.replace("kind: infiniband", "kind: nvlink"))
+    assert msg.startswith("clusters/foo.yaml: field 'inter_node.kind': nvlink is an intra-node")
     msg = error_of(profiles, GOOD + "device_overrides: {memory_gbs: 3}\n")
     assert msg.startswith("clusters/foo.yaml: field 'device_overrides.memory_gbs': unknown key")
     msg = error_of(profiles, GOOD + "device_overrides: {memory_gb: -1}\n")

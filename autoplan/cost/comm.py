@@ -161,7 +161,6 @@ class CommModel:
         intra = c.intra_node.bandwidth
         if group.nodes == 1:
             return intra
-        assert c.inter_node is not None  # Cluster guarantees it when nodes > 1
         k, dpn = group.ranks_per_node, c.devices_per_node
         nic = c.inter_node.bandwidth
         concurrent = group.concurrent or max(1, dpn // k)
@@ -177,11 +176,11 @@ class CommModel:
             return 0.0
         c = self.cluster
         if collective == "send_recv":
-            link = c.intra_node if group.nodes == 1 or c.inter_node is None else c.inter_node
+            link = c.intra_node if group.nodes == 1 else c.inter_node
             return link.latency
         phases = 2 if collective == "all_reduce" else 1
         t = (group.ranks_per_node - 1) * c.intra_node.latency
-        if group.nodes > 1 and c.inter_node is not None:
+        if group.nodes > 1:
             t += math.ceil(math.log2(group.nodes)) * c.inter_node.latency
         return phases * t
 
