@@ -10,24 +10,28 @@ with F the op's FLOPs, B the bytes it reads and writes (scaled from the traced d
 compute dtype), P the device's dense tensor peak for the compute dtype, P_vec its float32
 (vector) peak, W its memory bandwidth, t_k a fixed per-kernel cost and phi the fusion factor.
 Backward: F_bwd from the graph; B_bwd = B_fwd * F_bwd / F_fwd for matmuls (two GEMMs, each
-moving about the forward's bytes) and B_bwd = B_fwd for memory-bound ops (an element-wise
-backward reads the output gradient and what it saved and writes the input gradient; over a
-GPT block's aten backward this measures 0.85x the forward traffic, per-op formulas give
-1.0-1.5x). Views and other metadata-only ops cost nothing; communication ops belong to
-:mod:`autoplan.cost.comm`.
+moving about the forward's bytes) and B_bwd = B_fwd for memory-bound ops that get a
+gradient (an element-wise backward reads the output gradient and what it saved and writes
+the input gradient: 1.0x the forward traffic for add, mul, dropout, masked_fill and copies,
+1.5x for GeLU, layer norm and softmax; ops on masks and indices get none). Views and other
+metadata-only ops cost nothing; communication ops belong to :mod:`autoplan.cost.comm`.
 
 Default efficiency constants per device family (:func:`default_efficiency`) -- a few global
 numbers, never tuned per model:
 
 * ``matmul`` -- achieved fraction of the dense tensor peak for GEMMs of transformer-layer
-  shapes. The best shapes reach 86.9% on A100 SXM and 80.3% on H100 SXM (bf16 "maximum
-  achievable matmul FLOPS", S. Bekman, ml-engineering, compute/accelerator, torch 2.6-2.7);
-  the layer's actual shapes and sustained clocks under power limits lose another ~10%:
-  ampere 0.75, hopper 0.70, volta 0.70 (no MAMF figure; same margin assumed).
+  shapes in a long training run. Three published factors: the best GEMM shape reaches 86.9%
+  of peak on A100 SXM and 80.3% on H100 SXM (bf16 "maximum achievable matmul FLOPS",
+  S. Bekman, ml-engineering, compute/accelerator, torch 2.6-2.7); under sustained load the
+  GPU runs below the boost clock its peak assumes (NVIDIA quotes A100 HPL Rpeak at the
+  1305 MHz sustainable at its power limit, not 1410 MHz: 0.93; G. Lockwood, "peak FLOPS");
+  a layer's actual shapes lose ~10% to the best shape (tile and wave quantisation).
+  0.87 x 0.93 x 0.9 = 0.72 -> ampere 0.70; 0.80 x 0.93 x 0.9 = 0.67 -> hopper 0.65;
+  volta 0.70 (no MAMF figure; a mature, lower-clocked part, taken as A100).
 * ``attention`` -- fused (flash) attention kernels: FlashAttention-2 reaches 50-73% of peak
-  forward on A100 and less backward (Dao 2023, arXiv 2307.08691), ~35-50% on H100 without
-  Hopper-specific kernels (FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, reports
-  FA2 at 35% of H100 peak): ampere 0.55, hopper 0.45, volta 0.40.
+  forward on A100 and less backward (Dao 2023, arXiv 2307.08691), ~35% of H100 peak without
+  Hopper-specific kernels (FlashAttention-3, Shah et al. 2024, arXiv 2407.08608), with the
+  same sustained-clock loss: ampere 0.50, hopper 0.40, volta 0.40 (memory-efficient kernels).
 * ``memory`` -- fraction of HBM bandwidth element-wise, normalisation and softmax kernels
   reach: stream-like copies reach ~85-90% on A100/H100 (BabelStream); kernels with
   reductions and broadcasting less: 0.80 on every GPU.
@@ -40,10 +44,12 @@ numbers, never tuned per model:
   a few microseconds on NVIDIA GPUs (NCCL's tuning model and CUDA Graphs measurements put
   back-to-back launches at ~2-5 us): 3 us on GPUs; eager PyTorch dispatch on CPU: 10 us.
 
-Calibration check (not a fit): for the Megatron-LM SC'21 GPT runs in published.md (eager
-attention, dropout 0.1, full recomputation, TP all-reduces and DP gradient all-reduce from
-:mod:`autoplan.cost.comm`), these constants give 134-153 TFLOP/s per A100 against the
-published 135-142.
+Calibration check (not a fit): the Megatron-LM SC'21 GPT runs of published.md, traced as
+Megatron ran them (materialised attention with dropout 0.1, micro-batch 1, full
+recomputation, TP all-reduces and the DP gradient all-reduce from :mod:`autoplan.cost.comm`),
+come out 4-11% above the published 135-142 TFLOP/s per A100 (8-18% traced without dropout).
+Traced with flash attention (``attention="sdpa"``, which SC'21 predates) they come out far
+higher, as a 2021 A100 could not run that graph.
 
 Measured timings replace the model op by op: ``ComputeModel(..., measured=fn)`` where
 ``fn(node, shard)`` returns (forward, backward) seconds or None to fall back to the roofline.
@@ -156,13 +162,13 @@ class Efficiency:
         return self.matmul if self.attention is None else self.attention
 
 
-_GPU_GENERIC = Efficiency(matmul=0.70, memory=0.80, attention=0.45, fusion=0.5,
+_GPU_GENERIC = Efficiency(matmul=0.65, memory=0.80, attention=0.40, fusion=0.5,
                           kernel_overhead_s=3e-6)
 #: Default efficiency per DeviceSpec.family (module docstring has the sources).
 DEFAULT_EFFICIENCY: Mapping[str, Efficiency] = MappingProxyType({
-    "ampere": Efficiency(matmul=0.75, memory=0.80, attention=0.55, fusion=0.5,
+    "ampere": Efficiency(matmul=0.70, memory=0.80, attention=0.50, fusion=0.5,
                          kernel_overhead_s=3e-6),
-    "hopper": Efficiency(matmul=0.70, memory=0.80, attention=0.45, fusion=0.5,
+    "hopper": Efficiency(matmul=0.65, memory=0.80, attention=0.40, fusion=0.5,
                          kernel_overhead_s=3e-6),
     "volta": Efficiency(matmul=0.70, memory=0.80, attention=0.40, fusion=0.5,
                         kernel_overhead_s=3e-6),
