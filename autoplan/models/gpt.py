@@ -3,7 +3,15 @@
 Written to be traced on the meta device and sharded by PyTorch's tensor-parallel styles:
 q, k, v are separate ``nn.Linear`` modules (so ``ColwiseParallel`` on each keeps the heads
 whole), heads are inferred with ``view(b, s, -1, head_dim)`` (so a TP-sharded local tensor
-reshapes correctly), and blocks live in one ``nn.ModuleList`` named ``blocks``.
+reshapes correctly), and blocks live in one ``nn.ModuleDict`` named ``blocks`` keyed
+``"0"`` .. ``"L-1"`` (parameter FQNs ``blocks.3.attn.q.weight`` as with a ModuleList).
+
+Pipeline-friendly (the torchtitan convention): a pipeline stage is this model with the
+modules of other stages removed — ``del model.blocks["5"]``, ``model.tok_emb = None`` —
+which keeps every remaining FQN. ``forward`` then takes hidden states when there is no
+``tok_emb`` and returns hidden states when there is no ``head``. Initialisation is per
+parameter (:meth:`GPT.init_value`, seeded by the parameter's name), so a stage, or a shard
+of one, gets exactly the values the whole model would.
 
 ``style="gpt"``: LayerNorm, GELU MLP of 4h, learned positions, biases (GPT-2 / Megatron GPT).
 ``style="llama"``: RMSNorm, SwiGLU MLP, rotary positions, no biases (Llama 2/3).
@@ -15,6 +23,7 @@ count as 5·a·s/h of activation memory); ``"sdpa"`` uses ``F.scaled_dot_product
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
@@ -213,7 +222,7 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.style == "gpt" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
         self.norm = _norm(cfg)
         self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -221,33 +230,61 @@ class GPT(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
+    def init_value(self, name: str, shape: torch.Size | tuple[int, ...], *,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+        """The initial value (fp32, CPU, full shape) of parameter ``name`` (its FQN).
+
+        GPT-2 initialisation: weights N(0, 0.02), output projections (``o``, ``fc2``,
+        ``down``) N(0, 0.02/sqrt(2·layers)); biases 0; norm weights 1.
+        """
+        if len(shape) == 1:
+            fill = 0.0 if name.endswith("bias") else 1.0
+            return torch.full(tuple(shape), fill, dtype=torch.float32)
+        std = 0.02
+        if name.endswith(("o.weight", "fc2.weight", "down.weight")):
+            std = 0.02 / math.sqrt(2 * self.cfg.layers)
+        return torch.randn(tuple(shape), generator=generator, dtype=torch.float32) * std
+
+    @staticmethod
+    def param_seed(seed: int, name: str) -> int:
+        """Seed of parameter ``name``'s generator: independent of which other parameters
+        exist, so pipeline stages and shards reproduce the whole model's values."""
+        digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+        return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
-        """GPT-2 initialisation: N(0, 0.02), output projections scaled by 1/sqrt(2·layers)."""
-        gen = None
-        if seed is not None:
-            gen = torch.Generator(device="cpu").manual_seed(seed)
-        std_out = 0.02 / math.sqrt(2 * self.cfg.layers)
+        """Initialise every parameter with :meth:`init_value`; with ``seed``, each parameter
+        draws from its own generator seeded by :meth:`param_seed` (deterministic)."""
         for name, p in self.named_parameters():
-            if p.dim() == 1:
-                if name.endswith("bias"):
-                    p.zero_()
-                else:
-                    p.fill_(1.0)
-                continue
-            std = std_out if name.endswith(("o.weight", "fc2.weight", "down.weight")) else 0.02
-            value = torch.randn(p.shape, generator=gen, dtype=torch.float32) * std
-            p.copy_(value.to(device=p.device, dtype=p.dtype))
+            gen = None
+            if seed is not None:
+                gen = torch.Generator(device="cpu").manual_seed(self.param_seed(seed, name))
+            p.copy_(self.init_value(name, p.shape, generator=gen).to(device=p.device,
+                                                                    dtype=p.dtype))
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean token cross-entropy, computed in fp32."""
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        b, s = tokens.shape
-        x = self.tok_emb(tokens)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb(torch.arange(s, device=tokens.device))
-        x = self.drop(x)
-        for block in self.blocks:
+        """``tokens`` (b, s) -> logits (b, s, vocab), or the loss when ``targets`` is given.
+
+        In a pipeline stage without ``tok_emb`` the input is the hidden states (b, s, h) of
+        the previous stage; without ``head`` the output is this stage's hidden states.
+        """
+        x = tokens
+        if self.tok_emb is not None:
+            x = self.tok_emb(tokens)
+            if self.pos_emb is not None:
+                x = x + self.pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+            x = self.drop(x)
+        for block in self.blocks.values():
             x = block(x)
+        if self.head is None:
+            return x
         logits = self.head(self.norm(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+        return self.loss(logits, targets)

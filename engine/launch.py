@@ -1,0 +1,60 @@
+"""Start the engine on this machine: what ``autoplan run PLAN`` calls.
+
+:func:`run_local` checks the plan against the launch first (world size, device type, model
+fingerprint, engine support — :mod:`engine.validate`, no processes started), so a mismatch is
+one ``error:`` line instead of torchrun's failure report, then runs::
+
+    python -m torch.distributed.run --standalone --nproc_per_node=N -m engine.run PLAN ...
+
+and returns its exit status. Multi-node runs use torchrun directly (see :mod:`engine.run`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from autoplan.errors import AutoplanError
+from autoplan.plan import Plan
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def torchrun_command(plan_path: str | os.PathLike, *, nproc: int,
+                     steps: int | None = None, out_dir: str | os.PathLike | None = None,
+                     extra_args: Sequence[str] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "engine.run", str(plan_path)]
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    if out_dir is not None:
+        cmd += ["--out", str(out_dir)]
+    return cmd + list(extra_args)
+
+
+def run_local(plan_path: str | os.PathLike, *, nproc: int | None = None,
+              steps: int | None = None, out_dir: str | os.PathLike | None = None,
+              extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> int:
+    """Run ``plan_path`` with ``nproc`` local ranks (default: the plan's world size).
+
+    Returns the exit status: 0 on success, 2 when the plan does not fit this launch (the
+    reason printed as ``error: ...``), torchrun's status otherwise.
+    """
+    from engine.validate import check_all
+
+    try:
+        plan = Plan.load(plan_path)
+        nproc = plan.world_size if nproc is None else nproc
+        check_all(plan, str(plan_path), world_size=nproc)
+    except AutoplanError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    run_env = dict(os.environ if env is None else env)
+    run_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(_REPO), run_env.get("PYTHONPATH", "")) if p)
+    cmd = torchrun_command(plan_path, nproc=nproc, steps=steps, out_dir=out_dir,
+                           extra_args=extra_args)
+    return subprocess.run(cmd, env=run_env).returncode

@@ -1,0 +1,102 @@
+"""Turn a plan stage into a sharded, initialised model chunk — in ONE fixed order.
+
+For each plan stage this rank runs (one, or ``virtual_stages`` chunks under interleaved 1F1B):
+
+1. **Build on meta** — the whole model on the meta device, other stages' modules removed
+   (:func:`engine.model.build_chunk`; FQNs unchanged, no memory).
+2. **Tensor + sequence parallelism** — ``parallelize_module`` on the ``tp`` mesh with styles
+   derived from ``plan.param_placements[fqn]["tp"]`` (:mod:`engine.tensor_parallel`). First,
+   because the later wrappers must see DTensor parameters and unchanged FQNs.
+3. **Activation checkpointing** — ``checkpoint_wrapper`` (non-reentrant, RNG state preserved)
+   around each block in the stage's ``checkpoint_layers``: inside the TP hooks' outputs, outside
+   the data-parallel unit, so recomputation happens inside FSDP's all-gathered window.
+4. **Data parallelism / ZeRO** — ``replicate`` (ZeRO-0) or ``fully_shard`` (ZeRO-1/2/3) per
+   block, then the chunk root, on the ``dp`` mesh, with the mixed-precision policy
+   (:mod:`engine.data_parallel`). FSDP shards the TP DTensors again on ``dp`` (2-D).
+5. **Materialise** — ``to_empty`` on the device, then every parameter (shard) gets its
+   deterministic initial value (:func:`engine.model.materialize`).
+6. **Pipeline** — the chunks become ``PipelineStage`` objects under the plan's schedule
+   (:mod:`engine.pipeline`); done by the caller, since it needs the optimizer-free chunks.
+
+This is torchtitan's order (TP, AC, FSDP on a meta model, then init, then PP schedule).
+Mixed precision: fp32 (``precision.params``) master weights and optimizer states; compute in
+``precision.compute`` via FSDP's ``param_dtype`` when data parallel (halving all-gathers) and
+``torch.autocast`` around each chunk's forward in every case (so TP-/PP-only plans get it
+too); gradients reduced in ``precision.reduce``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
+                                                                         checkpoint_wrapper)
+
+from autoplan.models.registry import ModelSpec, build_model
+from autoplan.plan import Plan
+from engine import model as model_lib
+from engine.data_parallel import apply_dp, mp_policy_for
+from engine.mesh import ParallelMesh
+from engine.tensor_parallel import apply_tp
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Precision:
+    params: torch.dtype
+    compute: torch.dtype
+    reduce: torch.dtype
+
+    @property
+    def autocast(self) -> bool:
+        return self.compute != self.params
+
+
+def resolve_precision(plan: Plan, device: torch.device) -> tuple[Precision, str | None]:
+    """The plan's precision, or fp32 compute where the device lacks bf16 (with a note)."""
+    get = lambda k: _DTYPES[plan.precision.get(k, "float32")]  # noqa: E731
+    prec = Precision(params=get("params"), compute=get("compute"), reduce=get("reduce"))
+    note = None
+    if prec.compute == torch.bfloat16 and device.type == "cuda" \
+            and not torch.cuda.is_bf16_supported():
+        prec = Precision(params=prec.params, compute=torch.float32, reduce=torch.float32)
+        note = "this GPU has no bfloat16: computing in float32"
+    return prec, note
+
+
+def apply_checkpointing(chunk: nn.Module, layer_names: tuple[str, ...]) -> None:
+    for name in layer_names:
+        if not name.startswith("blocks."):
+            continue                   # <pre>/<post> hold no block activations worth it
+        key = name.split(".", 1)[1]
+        chunk.blocks[key] = checkpoint_wrapper(chunk.blocks[key],
+                                               checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: ParallelMesh,
+                      precision: Precision, *, seed: int) -> nn.Module:
+    """Steps 1-5 of the module docstring for one stage; returns the materialised chunk."""
+    stage = plan.stages[stage_index]
+    p = plan.parallel
+    chunk = model_lib.build_chunk(spec, stage.layer_names)                          # 1
+    if precision.params != torch.float32:
+        chunk.to(dtype=precision.params)
+    if p.tp > 1:                                                                    # 2
+        apply_tp(chunk, pm.tp_mesh, plan.param_placements,
+                 sequence_parallel=p.sequence_parallel)
+    apply_checkpointing(chunk, stage.checkpoint_layers)                             # 3
+    if p.dp > 1:                                                                    # 4
+        apply_dp(chunk, pm.dp_mesh, zero=p.zero, pipelined=p.pp > 1,
+                 mp_policy=mp_policy_for(precision.params, precision.compute,
+                                         precision.reduce))
+    init_model = build_model(spec, device="meta")
+    model_lib.materialize(chunk, init_model, pm.device, seed)                       # 5
+    if precision.autocast:
+        # Forward only (the loss included): backward then runs in the dtypes autocast chose,
+        # and a pipeline schedule's backward is not inside autocast.
+        chunk.forward = torch.autocast(pm.device.type, dtype=precision.compute)(chunk.forward)
+    chunk.train()
+    return chunk

@@ -1,0 +1,217 @@
+"""The training loop: build the plan's model chunks, train with AdamW, measure, checkpoint.
+
+One step (``t`` counted from 1 across resumes):
+
+1. learning rate ``RunConfig.lr_at(t)`` on every optimizer;
+2. this data-parallel rank's rows of the global batch of step ``t`` (:mod:`engine.data`);
+3. forward/backward over ``num_micro_batches`` micro-batches — by the pipeline schedule when
+   ``pp > 1``, else a plain accumulation loop with the ZeRO switches of
+   :func:`engine.data_parallel.set_microbatch`; gradients are those of the mean loss;
+4. ``AdamW.step`` (one optimizer per chunk, over its sharded DTensor parameters);
+5. the loss, averaged over the ranks that computed one (the last stage) by one all-reduce —
+   which also lines the ranks up, so the step time is the slowest rank's.
+
+Seeds: weights from ``seed`` per parameter name (:mod:`engine.model`); data from
+``(seed, step)``; dropout from ``(seed, pp rank, dp rank)`` — the same on every rank of a
+tensor-parallel group, so activations it replicates stay identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autoplan.models.gpt import GPT, GPTConfig
+from autoplan.models.registry import ModelSpec
+from autoplan.plan import Plan, atomic_write_text
+from engine.checkpoint import Checkpointer
+from engine.config import RunConfig
+from engine.data import local_batch, make_source
+from engine.data_parallel import set_microbatch
+from engine.mesh import ParallelMesh
+from engine.metrics import (MemoryProbe, MetricsWriter, StepRecord, format_table,
+                            model_flops_per_token, peak_flops, summarize)
+from engine.parallelize import parallelize_stage, resolve_precision
+from engine.pipeline import build_schedule, has_first_stage, has_last_stage
+
+
+def _seed(*parts: Any) -> int:
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class Trainer:
+    """Everything one rank holds for a plan: chunks, optimizers, schedule, data, metrics."""
+
+    def __init__(self, plan: Plan, spec: ModelSpec, cfg: RunConfig, pm: ParallelMesh, *,
+                 source: str = "<plan>"):
+        self.plan, self.spec, self.cfg, self.pm, self.source = plan, spec, cfg, pm, source
+        self.gpt_cfg = GPTConfig.from_dict(spec.config)
+        self.seq_len = plan.seq_len or self.gpt_cfg.seq_len
+        self.precision, note = resolve_precision(plan, pm.device)
+        self.log(note) if note else None
+        self.out_dir = Path(cfg.out_dir)
+        self.chunks = [parallelize_stage(plan, spec, s, pm, self.precision, seed=cfg.seed)
+                       for s in pm.stages]
+        self.optimizers = [torch.optim.AdamW(c.parameters(), lr=cfg.lr,
+                                             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                                             weight_decay=cfg.weight_decay)
+                           for c in self.chunks]
+        p = plan.parallel
+        self.schedule = None
+        if p.pp > 1:
+            self.schedule = build_schedule(dict(zip(pm.stages, self.chunks)), pm,
+                                           schedule=p.schedule,
+                                           num_micro_batches=p.num_micro_batches,
+                                           loss_fn=GPT.loss)
+        self.data = make_source(cfg.data, vocab_size=self.gpt_cfg.vocab_size,
+                                seq_len=self.seq_len, global_batch=plan.global_batch,
+                                seed=cfg.seed)
+        self.has_loss = has_last_stage(pm)
+        self.tokens_per_step = plan.global_batch * self.seq_len
+        self.flops_per_step = model_flops_per_token(self.gpt_cfg, self.seq_len) \
+            * self.tokens_per_step
+        dtype_name = str(self.precision.compute).removeprefix("torch.")
+        self.peak = peak_flops(plan.cluster, dtype_name)
+        self.checkpointer = Checkpointer(self.out_dir / "checkpoints",
+                                         keep=cfg.checkpoint_keep, rank=pm.rank)
+        torch.manual_seed(_seed(cfg.seed, "dropout", pm.pp_rank, pm.dp_rank))
+
+    # ---- logging ---------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        if self.pm.rank == 0:
+            print(message, flush=True)
+
+    # ---- one step --------------------------------------------------------------------------
+    def train_step(self, step: int) -> float:
+        """Run optimiser step ``step``; returns the global mean loss (every rank)."""
+        lr = self.cfg.lr_at(step)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+        p = self.plan.parallel
+        inputs, targets = local_batch(self.data, step, dp=self.pm.dp, dp_rank=self.pm.dp_rank,
+                                      device=self.pm.device)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            args = (inputs,) if has_first_stage(self.pm) else ()
+            self.schedule.step(*args, target=targets if self.has_loss else None,
+                               losses=losses)
+            local = torch.stack([l.detach().float() for l in losses]).mean() \
+                if self.has_loss else torch.zeros((), device=self.pm.device)
+        else:
+            (chunk,) = self.chunks
+            n = p.num_micro_batches
+            local = torch.zeros((), device=self.pm.device)
+            for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+                set_microbatch(chunk, zero=p.zero, last=i == n - 1)
+                loss = chunk(x, y)
+                (loss / n).backward()
+                local += loss.detach().float() / n
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        pair = torch.stack([local, torch.tensor(float(self.has_loss), device=local.device)])
+        dist.all_reduce(pair)
+        return (pair[0] / pair[1]).item()
+
+    # ---- the run ---------------------------------------------------------------------------
+    def resume(self) -> int:
+        """Load the newest checkpoint if ``--resume``; returns the step it ended (0: fresh)."""
+        if not self.cfg.resume:
+            return 0
+        found = self.checkpointer.latest()
+        if found is None:
+            self.log(f"--resume: no checkpoint in {self.checkpointer.root}; starting fresh")
+            return 0
+        step, path = found
+        state = self.checkpointer.load(path, self.chunks, self.optimizers)
+        torch.set_rng_state(state["rng_cpu"])
+        if state.get("rng_device") is not None and self.pm.device.type != "cpu":
+            torch.get_device_module(self.pm.device.type).set_rng_state(state["rng_device"],
+                                                                      self.pm.device)
+        self.log(f"resumed from {path} (step {step})")
+        return step
+
+    def _train_state(self, step: int) -> dict[str, Any]:
+        device_rng = None
+        if self.pm.device.type != "cpu":
+            device_rng = torch.get_device_module(self.pm.device.type).get_rng_state(
+                self.pm.device)
+        return {"step": step, "rng_cpu": torch.get_rng_state(), "rng_device": device_rng}
+
+    def run(self) -> dict[str, Any] | None:
+        """Train to ``cfg.steps``; returns the summary on rank 0 (None elsewhere)."""
+        cfg, pm = self.cfg, self.pm
+        start = self.resume()
+        writer = MetricsWriter(self.out_dir / "metrics.jsonl", enabled=pm.rank == 0)
+        if pm.rank == 0:
+            _truncate_metrics(writer.path, keep_until=start)
+        probe = MemoryProbe(pm.device, enabled=cfg.memory != "off")
+        tracked_step = start + max(1, cfg.warmup_steps)
+        records: list[StepRecord] = []
+        self.log(f"{self.source}: {self.plan.parallel.label()} | {pm.describe()} | "
+                 f"steps {start + 1}..{cfg.steps}")
+        for step in range(start + 1, cfg.steps + 1):
+            track = step == tracked_step and not probe.tracks_every_step
+            t0 = time.perf_counter()
+            if track:
+                with probe.track(self.chunks, self.optimizers):
+                    loss = self.train_step(step)
+            else:
+                loss = self.train_step(step)
+            if pm.device.type != "cpu":
+                torch.get_device_module(pm.device.type).synchronize()
+            dt = time.perf_counter() - t0
+            flops = self.flops_per_step / dt / self.plan.world_size
+            rec = StepRecord(step=step, loss=loss, step_time_s=dt, tokens=self.tokens_per_step,
+                             tokens_per_s=self.tokens_per_step / dt,
+                             tflops_per_device=flops / 1e12,
+                             mfu=flops / self.peak if self.peak else None,
+                             lr=cfg.lr_at(step), memory_tracked=track)
+            records.append(rec)
+            writer.write(rec)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                self.log(f"step {step:5d} | loss {loss:.5f} | {dt * 1e3:8.1f} ms | "
+                         f"{rec.tokens_per_s:10.0f} tok/s")
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                self.checkpointer.save(step, self.chunks, self.optimizers,
+                                       self._train_state(step))
+            if cfg.kill_after_step and step == cfg.kill_after_step:
+                os.kill(os.getpid(), signal.SIGKILL)
+        probe.finish()
+        memory = [None] * pm.mesh.size()
+        dist.all_gather_object(memory, {"rank": pm.rank, **probe.to_dict()})
+        if pm.rank != 0 or not records:
+            return None
+        prediction = self.plan.prediction.to_dict() if self.plan.prediction else None
+        summary = summarize(records, warmup_steps=start + cfg.warmup_steps,
+                            world_size=self.plan.world_size, peak=self.peak,
+                            memory_per_rank=memory, prediction=prediction,
+                            plan_label=self.plan.parallel.label(), plan_source=self.source,
+                            device=pm.device.type)
+        summary["run_config"] = cfg.to_dict()
+        import json
+
+        atomic_write_text(self.out_dir / "summary.json",
+                          json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        print(format_table(summary), flush=True)
+        return summary
+
+
+def _truncate_metrics(path: Path, *, keep_until: int) -> None:
+    """Drop records after ``keep_until`` (all of them on a fresh start)."""
+    if not path.exists():
+        return
+    import json
+
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= keep_until]
+    atomic_write_text(path, "".join(line + "\n" for line in kept))

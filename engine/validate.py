@@ -1,0 +1,149 @@
+"""Checks that run before any collective: does this plan fit this launch and this engine?
+
+Every failure is a :class:`PlanError` whose message names the plan file and says what to do,
+e.g. ``plan plans/x.json was made for 4 ranks (mesh pp=1 dp=2 tp=2) but torchrun started 2;
+relaunch with --nproc_per_node=4``. They need no process group, so a mismatched launch fails
+at once on every rank instead of hanging in the first collective.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import Shard
+
+from autoplan.errors import ConfigError, PlanError
+from autoplan.models.registry import ModelSpec
+from autoplan.plan import Plan
+from engine import model as model_lib
+from engine.tensor_parallel import parse_placement, tp_plan
+
+SUPPORTED_DTYPES = ("float32", "bfloat16")
+
+
+def mesh_label(plan: Plan) -> str:
+    return " ".join(f"{a}={s}" for a, s in zip(plan.mesh.axis_names, plan.mesh.shape))
+
+
+def check_world(plan: Plan, source: str, *, world_size: int,
+                local_world_size: int | None = None) -> None:
+    """The launch started exactly the plan's number of ranks."""
+    want = plan.world_size
+    if world_size == want:
+        return
+    launched = "torchrun started" if local_world_size is not None else "the launch asks for"
+    hint = f"relaunch with --nproc_per_node={want}"
+    if local_world_size is not None and local_world_size != world_size:
+        hint = (f"relaunch with --nnodes and --nproc_per_node whose product is {want}")
+    raise PlanError(f"plan {source} was made for {want} ranks (mesh {mesh_label(plan)}) but "
+                    f"{launched} {world_size}; {hint}")
+
+
+def check_device(plan: Plan, source: str, *, local_world_size: int | None = None) -> None:
+    """The plan's device type exists here, with a device per local rank."""
+    dtype = plan.mesh.device_type
+    if dtype == "cpu":
+        return
+    module = getattr(torch, dtype, None)
+    if module is None or not module.is_available():
+        raise PlanError(f"plan {source} runs on '{dtype}' devices (field 'mesh.device_type') "
+                        "but none is available here; plan for this machine's cluster or run "
+                        "where the devices are")
+    count = module.device_count()
+    if local_world_size is not None and local_world_size > count:
+        raise PlanError(f"plan {source}: {local_world_size} ranks on this node but only "
+                        f"{count} {dtype} device(s)")
+
+
+def check_model(plan: Plan, source: str) -> ModelSpec:
+    """The plan's model section is the model it was planned for, and the engine can run it."""
+    try:
+        spec = ModelSpec.from_dict(plan.model, source_file=source)
+    except ConfigError as exc:
+        raise PlanError(str(exc)) from None
+    got = spec.fingerprint()
+    if got != plan.model_fingerprint:
+        raise PlanError(f"plan {source}: field 'model' hashes to fingerprint {got} but the plan "
+                        f"was made for {plan.model_fingerprint} (was the model section edited?); "
+                        "re-plan for this model")
+    model_lib.check_supported(spec)
+    from autoplan.models.registry import build_model
+
+    built = sum(p.numel() for p in build_model(spec, device="meta").parameters())
+    if built != plan.num_params:
+        raise PlanError(f"plan {source}: field 'num_params' is {plan.num_params} but this "
+                        f"autoplan builds the model with {built} parameters; re-plan")
+    return spec
+
+
+def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
+    """What this engine can execute: uniform stage submeshes on the standard layout,
+    shardable sizes, placements it can apply, supported precisions."""
+    p = plan.parallel
+    if tuple(plan.mesh.axis_names) != ("pp", "dp", "tp"):
+        raise PlanError(f"plan {source}: field 'mesh.axis_names' must be ['pp', 'dp', 'tp'], "
+                        f"got {list(plan.mesh.axis_names)}")
+    if tuple(plan.mesh.shape) != (p.pp, p.dp, p.tp):
+        raise PlanError(f"plan {source}: field 'mesh.shape' {list(plan.mesh.shape)} != "
+                        f"[pp, dp, tp] = {[p.pp, p.dp, p.tp]}")
+    per_stage = p.dp * p.tp
+    for st in plan.stages:
+        pr = st.index % p.pp
+        want = tuple(range(pr * per_stage, (pr + 1) * per_stage))
+        if tuple(st.ranks) != want:
+            raise PlanError(f"plan {source}: field 'stages[{st.index}].ranks' is "
+                            f"{list(st.ranks)}; the engine runs stage {st.index} on pipeline "
+                            f"rank {pr} = ranks {list(want)}")
+        if tuple(st.mesh_shape) != (p.dp, p.tp):
+            raise PlanError(f"plan {source}: field 'stages[{st.index}].mesh_shape' is "
+                            f"{list(st.mesh_shape)}; the engine needs every stage on a "
+                            f"(dp, tp) = {[p.dp, p.tp]} submesh")
+    names = [n for st in plan.stages for n in st.layer_names]
+    if len(names) != len(set(names)):
+        raise PlanError(f"plan {source}: field 'stages': a layer appears in two stages")
+    for key in ("params", "compute", "reduce"):
+        value = plan.precision.get(key, "float32")
+        if value not in SUPPORTED_DTYPES:
+            raise PlanError(f"plan {source}: field 'precision.{key}': the engine supports "
+                            f"{list(SUPPORTED_DTYPES)}, got {value!r}")
+    unknown = set(plan.precision) - {"params", "compute", "reduce"}
+    if unknown:
+        raise PlanError(f"plan {source}: field 'precision.{sorted(unknown)[0]}': unknown key")
+    for fqn, axes in plan.param_placements.items():
+        dp_place = parse_placement(axes.get("dp", "Replicate()"), f"{fqn}.dp")
+        if isinstance(dp_place, Shard):
+            if dp_place.dim != 0 or p.zero != 3:
+                raise PlanError(f"plan {source}: field 'param_placements.{fqn}.dp': "
+                                f"{axes['dp']} needs ZeRO-3 and dim 0 (FSDP shards dim 0); "
+                                f"the plan has zero={p.zero}")
+    from autoplan.models.gpt import GPTConfig
+
+    cfg = GPTConfig.from_dict(spec.config)
+    seq = plan.seq_len or cfg.seq_len
+    if seq > cfg.seq_len:
+        raise PlanError(f"plan {source}: field 'seq_len' {seq} exceeds the model's "
+                        f"{cfg.seq_len}")
+    if p.tp > 1:
+        for what, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads or cfg.heads),
+                        ("ffn", cfg.ffn), ("hidden", cfg.hidden)):
+            if n % p.tp:
+                raise PlanError(f"plan {source}: tp={p.tp} does not divide the model's "
+                                f"{what} ({n})")
+        if p.sequence_parallel and seq % p.tp:
+            raise PlanError(f"plan {source}: sequence parallelism needs tp={p.tp} to divide "
+                            f"seq_len ({seq})")
+    if cfg.tie_embeddings and p.pp > 1:
+        raise PlanError(f"plan {source}: tied embeddings cannot be split over {p.pp} "
+                        "pipeline stages")
+    for st in plan.stages:
+        chunk = model_lib.build_chunk(spec, st.layer_names)
+        tp_plan(chunk, plan.param_placements, sequence_parallel=p.sequence_parallel)
+
+
+def check_all(plan: Plan, source: str, *, world_size: int,
+              local_world_size: int | None = None) -> ModelSpec:
+    """Every pre-collective check, cheapest first."""
+    check_world(plan, source, world_size=world_size, local_world_size=local_world_size)
+    check_device(plan, source, local_world_size=local_world_size)
+    spec = check_model(plan, source)
+    check_engine_support(plan, spec, source)
+    return spec

@@ -1,0 +1,146 @@
+"""Plans and launches for the engine tests.
+
+``make_plan`` builds a Plan the way the planner lays one out (``(pp, dp, tp)`` row-major mesh,
+blocks split evenly over the stages with ``<pre>``/``<post>`` on the first/last, Megatron
+placements). ``torchrun ... tests/engine_helpers.py OUT [options] -- PLAN...`` trains several
+plans of one world size in a single launch (one process group; each plan gets its own mesh
+and writes ``OUT/<plan stem>/``), which keeps the multi-process tests fast on a small machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from autoplan.models.registry import ModelSpec, build_model
+from autoplan.plan import MeshSpec, ParallelConfig, Plan, Stage
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: A GPT small enough for 20-step parity runs on 4 CPU ranks sharing 2 cores.
+TINY = dict(vocab_size=128, seq_len=32, hidden=32, layers=4, heads=4, attention="sdpa",
+            dropout=0.0)
+CLUSTER = {"name": "test-cpu", "device": {"name": "cpu-test", "family": "cpu",
+                                          "peak_tflops": {"float32": 0.08}}}
+
+_COLUMN = ("attn.q", "attn.k", "attn.v", "mlp.fc1", "mlp.gate", "mlp.up")
+_ROW = ("attn.o", "mlp.fc2", "mlp.down")
+
+
+def placements(spec: ModelSpec, parallel: ParallelConfig) -> dict[str, dict[str, str]]:
+    """Megatron placements on ``tp``; ``Shard(0)`` on ``dp`` under ZeRO-3."""
+    out = {}
+    for name, _ in build_model(spec, device="meta").named_parameters():
+        module, _, kind = name.rpartition(".")
+        tp = "Replicate()"
+        if parallel.tp > 1 and module.endswith(_COLUMN):
+            tp = "Shard(0)"
+        elif parallel.tp > 1 and module.endswith(_ROW) and kind == "weight":
+            tp = "Shard(1)"
+        dp = "Shard(0)" if parallel.zero == 3 and parallel.dp > 1 else "Replicate()"
+        out[name] = {"tp": tp, "dp": dp}
+    return out
+
+
+def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool = False,
+              schedule: str = "1f1b", virtual_stages: int = 1, global_batch: int = 8,
+              num_micro_batches: int = 1, seq_len: int = 32, model: dict | None = None,
+              checkpoint: bool = False, precision: dict | None = None) -> Plan:
+    spec = ModelSpec("builtin", "gpt", dict(model or TINY))
+    micro_batch = global_batch // (dp * num_micro_batches)
+    parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sp,
+                              micro_batch=micro_batch, num_micro_batches=num_micro_batches,
+                              schedule=schedule, virtual_stages=virtual_stages,
+                              checkpoint="full" if checkpoint else "none")
+    layers = spec.config["layers"]
+    names = ["<pre>"] + [f"blocks.{i}" for i in range(layers)] + ["<post>"]
+    chunks = pp * virtual_stages
+    base, extra = divmod(layers, chunks)
+    stages, pos = [], 1
+    for c in range(chunks):
+        size = base + (1 if c < extra else 0)
+        start, end = pos, pos + size
+        if c == 0:
+            start = 0
+        if c == chunks - 1:
+            end = len(names)
+        pos += size
+        layer_names = tuple(names[start:end])
+        pr = c % pp
+        stages.append(Stage(index=c, layers=(start, end), layer_names=layer_names,
+                            ranks=tuple(range(pr * dp * tp, (pr + 1) * dp * tp)),
+                            mesh_shape=(dp, tp),
+                            checkpoint_layers=tuple(n for n in layer_names
+                                                    if checkpoint and n.startswith("blocks"))))
+    plan = Plan(model=spec.to_dict(), model_fingerprint=spec.fingerprint(),
+                num_params=sum(p.numel() for p in build_model(spec).parameters()),
+                cluster=CLUSTER, global_batch=global_batch, seq_len=seq_len,
+                mesh=MeshSpec(shape=(pp, dp, tp)), parallel=parallel, stages=stages,
+                param_placements=placements(spec, parallel),
+                precision=precision or {"params": "float32", "compute": "float32",
+                                        "reduce": "float32"},
+                planner={"name": "tests.engine_helpers"})
+    plan.validate()
+    return plan
+
+
+def engine_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def torchrun(nproc: int, args: list[str], *, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", *args]
+    return subprocess.run(cmd, env=engine_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_plans(nproc: int, out: Path, plans: dict[str, Plan], *, steps: int = 20,
+              extra: list[str] = (), timeout: float = 300) -> subprocess.CompletedProcess:
+    """Save ``plans`` under ``out`` and train them all in one torchrun launch."""
+    paths = []
+    for name, plan in plans.items():
+        paths.append(str(plan.save(out / f"{name}.json")))
+    return torchrun(nproc, [str(Path(__file__).resolve()), str(out), "--steps", str(steps),
+                            *extra, "--", *paths], timeout=timeout)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    path = run_dir / "metrics.jsonl"
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def max_rel_diff(a: dict[int, float], b: dict[int, float]) -> float:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return max(abs(a[k] - b[k]) / abs(b[k]) for k in a)
+
+
+def _main(argv: list[str]) -> int:
+    """torchrun entry: ``OUT [engine options] -- PLAN...``."""
+    from engine.config import RunConfig
+    from engine.run import build_parser, execute
+
+    import torch.distributed as dist
+
+    split = argv.index("--")
+    out, options, plan_paths = Path(argv[0]), argv[1:split], argv[split + 1:]
+    try:
+        for path in plan_paths:
+            args = vars(build_parser().parse_args([path, *options]))
+            args.pop("plan")
+            args["out_dir"] = str(out / Path(path).stem)
+            execute(Plan.load(path), path, RunConfig.from_dict(args))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
