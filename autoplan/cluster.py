@@ -35,6 +35,7 @@ import math
 import os
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import yaml
@@ -43,12 +44,12 @@ from autoplan.errors import ConfigError, UnknownNameError
 
 #: Dtypes a device may list a dense peak for (torch spelling, plus TF32 tensor-core mode).
 PEAK_DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8", "int8")
-_DTYPE_ALIASES = {
+_DTYPE_ALIASES: Mapping[str, str] = MappingProxyType({
     "fp64": "float64", "double": "float64", "fp32": "float32", "float": "float32",
     "bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp8": "float8",
     "float8_e4m3fn": "float8", "float8_e5m2": "float8", "float8_e4m3fnuz": "float8",
     "float8_e5m2fnuz": "float8",
-}
+})
 LINK_KINDS = ("nvlink", "nvswitch", "infiniband", "ethernet", "roce", "pcie", "loopback")
 _GPU_FABRICS = ("nvlink", "nvswitch")
 _SOURCED_FIGURES = ("peak_tflops", "memory_gb", "memory_bandwidth_gbps")
@@ -319,6 +320,9 @@ class Cluster:
             if self.devices_per_node != 1:
                 raise _fail(f"{self.intra_node.kind} boards carry an even number of devices "
                             f"(HGX: 4 or 8), got {self.devices_per_node}", "devices_per_node")
+        if self.intra_node.nics != 1:
+            raise _fail("applies to inter_node only (intra-node bandwidth is per device)",
+                        "intra_node.nics")
         if self.intra_node.kind in _GPU_FABRICS and self.device.is_cpu:
             raise _fail(f"{self.intra_node.kind} does not connect CPUs (device "
                         f"'{self.device.name}')", "intra_node.kind")

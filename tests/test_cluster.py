@@ -122,6 +122,14 @@ def test_to_dict_from_dict_round_trip(name):
     assert again.source == f"clusters/{name}.yaml"
 
 
+def test_clusters_are_hashable_and_picklable():
+    import pickle
+
+    c = load_cluster("dgx-h100", nodes=4)
+    assert pickle.loads(pickle.dumps(c)) == c
+    assert len({c, load_cluster("dgx-h100", nodes=4), c.with_nodes(2)}) == 2
+
+
 def test_inline_device_and_overrides(profiles):
     text = GOOD.replace("device: a100-80gb", textwrap.dedent("""\
         device: a100-80gb
@@ -194,6 +202,8 @@ def test_nvswitch_with_odd_device_count(profiles):
 def test_bad_link_kind_and_override_key(profiles):
     msg = error_of(profiles, GOOD.replace("kind: infiniband", "kind: carrier-pigeon"))
     assert msg.startswith("clusters/foo.yaml: field 'inter_node.kind': must be one of ")
+    msg = error_of(profiles, GOOD.replace("latency_us: 1.0,", "latency_us: 1.0, nics: 2,"))
+    assert msg.startswith("clusters/foo.yaml: field 'intra_node.nics': applies to inter_node")
     msg = error_of(profiles, GOOD.replace("kind: infiniband", "kind: nvlink"))
     assert msg.startswith("clusters/foo.yaml: field 'inter_node.kind': nvlink is an intra-node")
     msg = error_of(profiles, GOOD + "device_overrides: {memory_gbs: 3}\n")

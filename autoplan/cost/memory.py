@@ -32,14 +32,17 @@ see :func:`in_flight_micro_batches`.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+from typing import Mapping
+
 from autoplan.graph import LayerStats
 from autoplan.plan import SCHEDULES, MemoryBreakdown
 
 #: Bytes per parameter: (params, grads, optimizer states) before any sharding.
-PRECISION_BYTES: dict[str, tuple[float, float, float]] = {
+PRECISION_BYTES: Mapping[str, tuple[float, float, float]] = MappingProxyType({
     "mixed": (2.0, 2.0, 12.0),     # fp16/bf16 params + grads; fp32 master, momentum, variance
     "fp32": (4.0, 4.0, 8.0),       # fp32 params + grads; momentum, variance
-}
+})
 
 
 def _positive_int(value: object, name: str) -> int:
