@@ -1,0 +1,550 @@
+"""Profile files: measured (or published) op and link figures, as JSON data.
+
+Two formats, both versioned, both validated on load (errors name the file and the field):
+
+``profiles/ops/<device>.json`` — forward/backward time of each op signature on one device::
+
+    {"format": "autoplan.op_profile", "version": 1, "device": "cpu-amd-epyc",
+     "sources": {"<id>": {"kind": "measured", "host": ..., "torch": ..., "date": ...,
+                          "load_avg": [..], ...}},
+     "entries": {"<key>": {"op": "aten.mm.default", "dtype": "float32",
+                           "inputs":  [{"dtype": "float32", "shape": [128, 64]}, ...],
+                           "outputs": [{"dtype": "float32", "shape": [128, 256]}],
+                           "fwd_s": 1.2e-5, "bwd_s": 2.5e-5, "repeats": 7,
+                           "flops": 4194304.0, "bytes": 230400, "source": "<id>"}}}
+
+  ``<key>`` is :meth:`OpEntry.key`: op, input dtypes and shapes, and the output shapes
+  (which pin down non-tensor arguments such as the dim of a reduction). ``bwd_s`` is 0.0
+  for ops with no differentiable input and ``null`` where backward could not be run.
+
+``profiles/links/<cluster>.json`` — collective timings and their alpha-beta fit::
+
+    {"format": "autoplan.link_profile", "version": 1, "cluster": "local-cpu",
+     "backend": "gloo", "levels_present": ["intra"], "note": "...",
+     "sources": {...},
+     "points": [{"collective": "all_reduce", "group_size": 4, "level": "intra",
+                 "bytes": 1048576, "time_s": ..., "algbw_gbps": ..., "busbw_gbps": ...,
+                 "source": "<id>"}],
+     "fits": [{"collective": "all_reduce", "level": "intra", "group_size": 4 | null,
+               "alpha_s": ..., "busbw_gbps": ..., "points": 23,
+               "max_rel_err_ge_1mb": 0.07 | null, "source": "<id>"}],
+     "published": [{"collective": ..., "group_size": ..., "level": ..., "busbw_gbps": ...,
+                    "source": "..."}]}
+
+  Time model (nccl-tests' bus bandwidth, see :mod:`autoplan.profile.fit`):
+  ``t(bytes, n) = alpha + bytes · factor(collective, n) / busbw``. GB/s is 1e9 bytes/s.
+  A fit with ``group_size: null`` pools every group size of its (collective, level).
+
+Concurrency: every writer goes through :func:`locked_update` — an exclusive ``fcntl.flock``
+on a sidecar ``.<name>.lock`` file, read the current file, merge, validate, then write via a
+temp file and ``os.replace`` (:func:`autoplan.plan.atomic_write_text`). Two processes adding
+entries to one file therefore both land, and a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from autoplan.errors import ConfigError
+from autoplan.graph import TensorMeta
+from autoplan.plan import atomic_write_text
+
+OP_FORMAT = "autoplan.op_profile"
+LINK_FORMAT = "autoplan.link_profile"
+PROFILE_VERSION = 1
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+LEVELS = ("intra", "inter")
+PROVENANCE_KINDS = ("measured", "published")
+
+
+class ProfileError(ConfigError):
+    """A profile file is missing, not JSON, or has a bad field (named in the message)."""
+
+
+# ---- provenance ----------------------------------------------------------------------------
+
+def measured_provenance(**extra: Any) -> dict[str, Any]:
+    """Where a measurement was taken: host, versions, date, the machine's load average."""
+    import torch
+
+    prov: dict[str, Any] = {
+        "kind": "measured",
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "processor": cpu_name(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+    }
+    prov.update(extra)
+    return prov
+
+
+def source_id(prov: dict[str, Any]) -> str:
+    """A stable short id for a provenance record: kind + 10 hex digits of its sha256."""
+    blob = json.dumps(prov, sort_keys=True, default=str).encode()
+    return f"{prov.get('kind', 'source')}-{hashlib.sha256(blob).hexdigest()[:10]}"
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform.processor()."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_slug(device: str) -> str:
+    """File-name form of a device: ``cpu-amd-epyc``, ``cuda-nvidia-h100-80gb-hbm3``."""
+    import torch
+
+    dev = torch.device(device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
+    words = "".join(c.lower() if c.isalnum() else " " for c in name).split()
+    return "-".join([dev.type, *words])
+
+
+# ---- validation helpers --------------------------------------------------------------------
+
+class _Checker:
+    """Reads typed fields out of parsed JSON, raising ProfileError(file, field) on mismatch."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, where: str, message: str) -> ProfileError:
+        return ProfileError(message, source=self.source, field=where)
+
+    def obj(self, value: Any, where: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be an object, got {type(value).__name__}")
+        return value
+
+    def lst(self, value: Any, where: str) -> list:
+        if not isinstance(value, list):
+            raise self.fail(where, f"must be a list, got {type(value).__name__}")
+        return value
+
+    def key(self, d: dict, name: str, where: str) -> Any:
+        if name not in d:
+            raise self.fail(f"{where}.{name}" if where else name, "missing")
+        return d[name]
+
+    def string(self, d: dict, name: str, where: str, choices: tuple[str, ...] = ()) -> str:
+        value = self.key(d, name, where)
+        if not isinstance(value, str) or not value:
+            raise self.fail(_join(where, name), f"must be a non-empty string, got {value!r}")
+        if choices and value not in choices:
+            raise self.fail(_join(where, name), f"must be one of {list(choices)}, got {value!r}")
+        return value
+
+    def number(self, d: dict, name: str, where: str, *, optional: bool = False,
+               positive: bool = False) -> float | None:
+        value = d.get(name) if optional else self.key(d, name, where)
+        if value is None and optional:
+            return None
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < 0 or (positive and value == 0):
+            what = "a positive" if positive else "a non-negative"
+            raise self.fail(_join(where, name), f"must be {what} finite number, got {value!r}")
+        return float(value)
+
+    def integer(self, d: dict, name: str, where: str, *, optional: bool = False,
+                minimum: int = 0) -> int | None:
+        value = d.get(name) if optional else self.key(d, name, where)
+        if value is None and optional:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise self.fail(_join(where, name), f"must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def unknown(self, d: dict, known: set[str], where: str) -> None:
+        extra = sorted(set(d) - known)
+        if extra:
+            raise self.fail(_join(where, extra[0]), "unknown key")
+
+    def header(self, d: Any, fmt: str) -> dict:
+        d = self.obj(d, "<top level>")
+        if d.get("format") != fmt:
+            raise self.fail("format", f"expected {fmt!r}, got {d.get('format')!r}")
+        if d.get("version") != PROFILE_VERSION:
+            raise self.fail("version", f"this autoplan reads version {PROFILE_VERSION}, "
+                                       f"the file has {d.get('version')!r}")
+        return d
+
+    def sources(self, d: dict) -> dict[str, dict]:
+        out = self.obj(d.get("sources", {}), "sources")
+        for sid, prov in out.items():
+            self.obj(prov, f"sources.{sid}")
+            self.string(prov, "kind", f"sources.{sid}", PROVENANCE_KINDS)
+        return out
+
+    def source_ref(self, d: dict, where: str, sources: dict) -> str:
+        sid = self.string(d, "source", where)
+        if sid not in sources:
+            raise self.fail(_join(where, "source"), f"{sid!r} is not in 'sources'")
+        return sid
+
+    def tensor(self, value: Any, where: str) -> TensorMeta:
+        d = self.obj(value, where)
+        shape = self.lst(self.key(d, "shape", where), f"{where}.shape")
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+            raise self.fail(f"{where}.shape", f"must be a list of non-negative integers, "
+                                              f"got {shape!r}")
+        return TensorMeta(tuple(shape), self.string(d, "dtype", where))
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def _tensor_dict(t: TensorMeta) -> dict[str, Any]:
+    return {"dtype": t.dtype, "shape": list(t.shape)}
+
+
+def tensor_key(t: TensorMeta) -> str:
+    return f"{t.dtype}[{','.join(map(str, t.shape))}]"
+
+
+# ---- op profiles ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpEntry:
+    """Measured time of one op signature: median seconds over ``repeats`` repetitions.
+
+    ``flops`` (torch.utils.flop_counter) and ``bytes`` (inputs + outputs) are the work
+    measures :class:`autoplan.profile.lookup.OpTimeTable` interpolates in.
+    """
+
+    op: str
+    dtype: str
+    inputs: tuple[TensorMeta, ...]
+    outputs: tuple[TensorMeta, ...]
+    fwd_s: float
+    bwd_s: float | None
+    repeats: int
+    flops: float
+    bytes: int
+    source: str
+
+    @property
+    def key(self) -> str:
+        return signature_key(self.op, self.inputs, self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "dtype": self.dtype,
+                "inputs": [_tensor_dict(t) for t in self.inputs],
+                "outputs": [_tensor_dict(t) for t in self.outputs],
+                "fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "repeats": self.repeats,
+                "flops": self.flops, "bytes": self.bytes, "source": self.source}
+
+
+def signature_key(op: str, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) -> str:
+    """``op(in0, in1, ...)->(out0, ...)`` with tensors as ``dtype[d0,d1,...]``."""
+    return (f"{op}({', '.join(tensor_key(t) for t in inputs)})"
+            f"->({', '.join(tensor_key(t) for t in outputs)})")
+
+
+@dataclass
+class OpProfile:
+    device: str
+    entries: dict[str, OpEntry] = field(default_factory=dict)
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": OP_FORMAT, "version": PROFILE_VERSION, "device": self.device,
+                "sources": self.sources,
+                "entries": {k: self.entries[k].to_dict() for k in sorted(self.entries)}}
+
+    @classmethod
+    def from_dict(cls, d: Any, *, source: str = "<dict>") -> "OpProfile":
+        c = _Checker(source)
+        d = c.header(d, OP_FORMAT)
+        c.unknown(d, {"format", "version", "device", "sources", "entries"}, "")
+        device = c.string(d, "device", "")
+        sources = c.sources(d)
+        entries: dict[str, OpEntry] = {}
+        for key, e in c.obj(d.get("entries", {}), "entries").items():
+            where = f"entries[{key!r}]"
+            c.obj(e, where)
+            c.unknown(e, {"op", "dtype", "inputs", "outputs", "fwd_s", "bwd_s", "repeats",
+                          "flops", "bytes", "source"}, where)
+            entry = OpEntry(
+                op=c.string(e, "op", where), dtype=c.string(e, "dtype", where),
+                inputs=tuple(c.tensor(t, f"{where}.inputs[{i}]") for i, t in
+                             enumerate(c.lst(c.key(e, "inputs", where), f"{where}.inputs"))),
+                outputs=tuple(c.tensor(t, f"{where}.outputs[{i}]") for i, t in
+                              enumerate(c.lst(c.key(e, "outputs", where), f"{where}.outputs"))),
+                fwd_s=c.number(e, "fwd_s", where),
+                bwd_s=c.number(e, "bwd_s", where, optional=True),
+                repeats=c.integer(e, "repeats", where, minimum=1),
+                flops=c.number(e, "flops", where), bytes=c.integer(e, "bytes", where),
+                source=c.source_ref(e, where, sources))
+            if entry.key != key:
+                raise c.fail(where, f"key does not match the entry's signature {entry.key!r}")
+            entries[key] = entry
+        return cls(device=device, entries=entries, sources=sources)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "OpProfile":
+        return cls.from_dict(read_json(path), source=str(path))
+
+    def merge(self, other: "OpProfile") -> None:
+        """Add ``other``'s entries (and their sources); on equal keys ``other`` wins."""
+        self.entries.update(other.entries)
+        for entry in other.entries.values():
+            self.sources[entry.source] = other.sources[entry.source]
+        self._drop_unused_sources()
+
+    def _drop_unused_sources(self) -> None:
+        used = {e.source for e in self.entries.values()}
+        self.sources = {k: v for k, v in self.sources.items() if k in used}
+
+
+def add_op_entries(path: str | os.PathLike, device: str, entries: list[OpEntry],
+                   sources: dict[str, dict[str, Any]]) -> OpProfile:
+    """Merge ``entries`` into the op profile at ``path`` (created if missing), atomically
+    and under the file lock. Returns the profile as written."""
+    def merge(current: dict | None) -> dict:
+        prof = (OpProfile.from_dict(current, source=str(path)) if current is not None
+                else OpProfile(device=device))
+        if prof.device != device:
+            raise ProfileError(f"holds device {prof.device!r}, not {device!r}",
+                               source=str(path), field="device")
+        prof.merge(OpProfile(device=device, entries={e.key: e for e in entries},
+                             sources=dict(sources)))
+        return prof.to_dict()
+
+    return OpProfile.from_dict(locked_update(path, merge), source=str(path))
+
+
+# ---- link profiles -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LinkPoint:
+    """One nccl-tests style measurement; ``bytes`` is the full buffer (nccl-tests' size)."""
+
+    collective: str
+    group_size: int
+    level: str
+    bytes: int
+    time_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """``t = alpha_s + bytes · factor(collective, n) / (busbw_gbps · 1e9)``."""
+
+    collective: str
+    level: str
+    group_size: int | None          # None: pooled over the group sizes measured
+    alpha_s: float
+    busbw_gbps: float
+    points: int                     # measurements it was fitted to (0 for published)
+    max_rel_err_ge_1mb: float | None
+    source: str
+
+    @property
+    def beta_s_per_byte(self) -> float:
+        """Seconds per bus byte: 1 / busbw."""
+        return 1.0 / (self.busbw_gbps * 1e9)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class LinkProfile:
+    cluster: str
+    backend: str
+    levels_present: list[str]
+    note: str = ""
+    points: list[LinkPoint] = field(default_factory=list)
+    fits: list[LinkFit] = field(default_factory=list)
+    published: list[dict[str, Any]] = field(default_factory=list)
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    # ---- queries -----------------------------------------------------------------------
+    def fit_for(self, collective: str, level: str, group_size: int | None = None) -> LinkFit:
+        """The fit for ``group_size`` if one was made for it, else the pooled one."""
+        pooled = None
+        for f in self.fits:
+            if f.collective == collective and f.level == level:
+                if f.group_size == group_size and group_size is not None:
+                    return f
+                if f.group_size is None:
+                    pooled = f
+        if pooled is None:
+            have = sorted({(f.collective, f.level) for f in self.fits})
+            raise ProfileError(f"no fit for ({collective}, {level}); the profile has {have}",
+                               source=self.cluster, field="fits")
+        return pooled
+
+    def predict(self, collective: str, level: str, nbytes: float, group_size: int) -> float:
+        """Seconds for one ``collective`` of ``nbytes`` (nccl-tests size) over ``group_size``."""
+        from autoplan.profile.fit import bus_factor
+
+        f = self.fit_for(collective, level, group_size)
+        return f.alpha_s + nbytes * bus_factor(collective, group_size) * f.beta_s_per_byte
+
+    def fitted_table(self) -> dict[tuple[str, str], dict[str, float]]:
+        """The pooled alpha-beta per (collective, level), for the cost model's CommModel:
+        ``{(collective, level): {"alpha_s", "beta_s_per_byte", "busbw_gbps"}}``."""
+        return {(f.collective, f.level): {"alpha_s": f.alpha_s,
+                                          "beta_s_per_byte": f.beta_s_per_byte,
+                                          "busbw_gbps": f.busbw_gbps}
+                for f in self.fits if f.group_size is None}
+
+    # ---- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        points = sorted(self.points, key=lambda p: (p.collective, p.level, p.group_size, p.bytes))
+        fits = sorted(self.fits, key=lambda f: (f.collective, f.level, f.group_size or 0))
+        return {"format": LINK_FORMAT, "version": PROFILE_VERSION, "cluster": self.cluster,
+                "backend": self.backend, "levels_present": list(self.levels_present),
+                "note": self.note, "sources": self.sources,
+                "points": [p.to_dict() for p in points], "fits": [f.to_dict() for f in fits],
+                "published": list(self.published)}
+
+    @classmethod
+    def from_dict(cls, d: Any, *, source: str = "<dict>") -> "LinkProfile":
+        c = _Checker(source)
+        d = c.header(d, LINK_FORMAT)
+        c.unknown(d, {"format", "version", "cluster", "backend", "levels_present", "note",
+                      "sources", "points", "fits", "published"}, "")
+        sources = c.sources(d)
+        levels = c.lst(c.key(d, "levels_present", ""), "levels_present")
+        for i, lv in enumerate(levels):
+            if lv not in LEVELS:
+                raise c.fail(f"levels_present[{i}]", f"must be one of {list(LEVELS)}, got {lv!r}")
+        points = []
+        for i, p in enumerate(c.lst(d.get("points", []), "points")):
+            w = f"points[{i}]"
+            c.obj(p, w)
+            c.unknown(p, set(LinkPoint.__dataclass_fields__), w)
+            points.append(LinkPoint(
+                collective=c.string(p, "collective", w, COLLECTIVES),
+                group_size=c.integer(p, "group_size", w, minimum=2),
+                level=c.string(p, "level", w, LEVELS), bytes=c.integer(p, "bytes", w, minimum=1),
+                time_s=c.number(p, "time_s", w, positive=True),
+                algbw_gbps=c.number(p, "algbw_gbps", w), busbw_gbps=c.number(p, "busbw_gbps", w),
+                source=c.source_ref(p, w, sources)))
+        fits = []
+        for i, f in enumerate(c.lst(d.get("fits", []), "fits")):
+            w = f"fits[{i}]"
+            c.obj(f, w)
+            c.unknown(f, set(LinkFit.__dataclass_fields__), w)
+            fits.append(LinkFit(
+                collective=c.string(f, "collective", w, COLLECTIVES),
+                level=c.string(f, "level", w, LEVELS),
+                group_size=c.integer(f, "group_size", w, optional=True, minimum=2),
+                alpha_s=c.number(f, "alpha_s", w),
+                busbw_gbps=c.number(f, "busbw_gbps", w, positive=True),
+                points=c.integer(f, "points", w),
+                max_rel_err_ge_1mb=c.number(f, "max_rel_err_ge_1mb", w, optional=True),
+                source=c.source_ref(f, w, sources)))
+        published = c.lst(d.get("published", []), "published")
+        for i, p in enumerate(published):
+            w = f"published[{i}]"
+            c.obj(p, w)
+            c.string(p, "collective", w, COLLECTIVES)
+            c.number(p, "busbw_gbps", w, positive=True)
+            c.string(p, "source", w)
+        note = d.get("note", "")
+        if not isinstance(note, str):
+            raise c.fail("note", f"must be a string, got {type(note).__name__}")
+        return cls(cluster=c.string(d, "cluster", ""), backend=c.string(d, "backend", ""),
+                   levels_present=list(levels), note=note, points=points, fits=fits,
+                   published=published, sources=sources)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LinkProfile":
+        return cls.from_dict(read_json(path), source=str(path))
+
+
+def update_link_profile(path: str | os.PathLike,
+                        change: Callable[[LinkProfile | None], LinkProfile]) -> LinkProfile:
+    """Read the link profile at ``path`` (None if missing), apply ``change``, and write the
+    result atomically under the file lock."""
+    def apply(current: dict | None) -> dict:
+        prof = LinkProfile.from_dict(current, source=str(path)) if current is not None else None
+        return change(prof).to_dict()
+
+    return LinkProfile.from_dict(locked_update(path, apply), source=str(path))
+
+
+# ---- files ---------------------------------------------------------------------------------
+
+def read_json(path: str | os.PathLike) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ProfileError("no such profile file", source=str(path)) from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read ({exc.strerror})", source=str(path)) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"not valid JSON (line {exc.lineno}: {exc.msg})",
+                           source=str(path)) from None
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike) -> Iterator[None]:
+    """Exclusive advisory lock on the sidecar ``.<name>.lock`` next to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(f".{path.name}.lock")
+    with open(lock, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def locked_update(path: str | os.PathLike, change: Callable[[Any | None], Any]) -> Any:
+    """Under :func:`file_lock`: parse ``path`` (None if absent), ``new = change(old)``,
+    write ``new`` atomically as sorted, indented JSON. Returns ``new``."""
+    path = Path(path)
+    with file_lock(path):
+        current = read_json(path) if path.exists() else None
+        new = change(current)
+        atomic_write_text(path, dumps(new) + "\n")
+    return new
+
+
+def dumps(obj: Any, depth: int = 0, inline_at: int = 2) -> str:
+    """JSON with sorted keys, one line per object from ``inline_at`` levels down (one
+    line per entry, point or fit), so profiles stay readable and diff well."""
+    if depth >= inline_at or not isinstance(obj, (dict, list)) or not obj:
+        return json.dumps(obj, sort_keys=True, separators=(", ", ": "))
+    pad = " " * (depth + 1)
+    if isinstance(obj, dict):
+        items = [f"{pad}{json.dumps(k)}: {dumps(obj[k], depth + 1, inline_at)}"
+                 for k in sorted(obj)]
+        return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
+    items = [pad + dumps(v, depth + 1, inline_at) for v in obj]
+    return "[\n" + ",\n".join(items) + "\n" + " " * depth + "]"
