@@ -383,6 +383,12 @@ class Cluster:
         """
         try:
             d = _mapping(d, "")
+            _check_keys(d, cls, required=False)
+            # the plain fields that are present first, then what is missing
+            for key, check in (("name", _text), ("nodes", _positive_int),
+                               ("devices_per_node", _positive_int)):
+                if key in d:
+                    check(d[key], key)
             _check_keys(d, cls)
         except ConfigError as exc:
             raise _rethrow(exc, source=source) from None

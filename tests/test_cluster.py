@@ -165,6 +165,11 @@ def test_zero_nodes(profiles):
     assert msg == "clusters/foo.yaml: field 'nodes': must be >= 1, got 0"
 
 
+def test_bad_values_are_reported_before_missing_sections(profiles):
+    msg = error_of(profiles, "name: bad\nnodes: 0\ndevices_per_node: 8\ndevice: a100-80gb\n")
+    assert msg == "clusters/foo.yaml: field 'nodes': must be >= 1, got 0"
+
+
 def test_wrong_type(profiles):
     msg = error_of(profiles, GOOD.replace("nodes: 2", "nodes: two"))
     assert msg == "clusters/foo.yaml: field 'nodes': must be an integer, got 'two'"
