@@ -11,7 +11,8 @@ Throughput counts the recomputation forward (their eq. 3):
 For each run the benchmark predicts the paper's own configuration (TP, PP, DP, full
 recomputation, interleaved schedule when PP > 1; the micro-batch size, which Table 1 does
 not give, is the best the planner predicts among those that fit), then lets the uniform
-planner choose freely for the same model, GPU count and batch.
+planner choose freely for the same model, GPU count and batch. The model is traced as the
+paper ran it: attention materialised (no flash attention, which postdates SC'21), dropout 0.1.
 
     python benchmarks/megatron_sc21.py
 """
@@ -45,12 +46,15 @@ def eq3_flops(batch: int, layers: int, hidden: int, seq: int = SEQ, vocab: int =
 
 def main() -> int:
     from autoplan.api import plan_problem, prepare
+    from autoplan.models import resolve
     from autoplan.planner.uniform import SearchSpace
 
     rows, measurements, targets = [], [], []
     for name, heads, hidden, layers, tp, pp, gpus, batch, published in RUNS:
         t0 = time.perf_counter()
-        problem = prepare(name, "dgx-a100", nodes=gpus // 8, global_batch=batch,
+        # the paper's model: materialised (pre-flash) attention, dropout 0.1
+        model = resolve(name, attention="eager", dropout=0.1)
+        problem = prepare(model, "dgx-a100", nodes=gpus // 8, global_batch=batch,
                           precision="mixed")
         dp = gpus // (tp * pp)
         paper_space = SearchSpace(tp=(tp,), pp=(pp,), dp=(dp,), zero=(0,),

@@ -28,8 +28,8 @@ Data parallelism: gradients (in the reduce dtype) are all-reduced once per step 
 reduce-scatter plus an all-gather, same volume, Rajbhandari et al. 2019), overlapped with the
 last micro-batch's backward; ZeRO-3 also all-gathers parameters before each micro-batch's
 forward and backward (3Ψ traffic), overlapped with that micro-batch's compute. Only the part
-that compute cannot hide is added. The optimizer step reads and writes ~16 bytes of state
-per local parameter (Adam: param, grad, two moments) at the device's memory bandwidth.
+that compute cannot hide is added. The optimizer step reads and writes the Adam state
+per local parameter (Adam: param, grad, two moments; ComputeModel.optimizer_time).
 
 Memory per device (pipeline rank d): model states of its parameters (ZeRO over dp, TP
 sharding of column/row parameters), plus activations of its layers times the micro-batches
@@ -50,9 +50,6 @@ from autoplan.cost.memory import activation_bytes, in_flight_micro_batches, mode
 from autoplan.graph import OpGraph
 from autoplan.plan import MemoryBreakdown, ParallelConfig, Prediction, TimeBreakdown
 from autoplan.planner.build import split_layers
-
-ADAM_BYTES_PER_PARAM_STEP = 16 * 2     # read + write of param, grad, exp_avg, exp_avg_sq (fp32)
-
 
 @dataclass(frozen=True)
 class _Chunk:
@@ -87,12 +84,13 @@ class Estimator:
 
     # ---- per layer, cached by (layer kind, tp, sp) --------------------------------------
     @functools.lru_cache(maxsize=None)
-    def _layer_time(self, index: int, tp: int, sp: bool) -> tuple[float, float]:
+    def _layer_time(self, index: int, tp: int, sp: bool, micro_batch: int) -> tuple[float, float]:
         return self.compute.layer_time(self.graph.layers[index], self.graph, tp=tp,
-                                       sequence_parallel=sp)
+                                       sequence_parallel=sp,
+                                       micro_batch_scale=micro_batch / self.b0)
 
-    def _kind_time(self, index: int, tp: int, sp: bool) -> tuple[float, float]:
-        return self._layer_time(self._rep[self.graph.layers[index].kind], tp, sp)
+    def _kind_time(self, index: int, tp: int, sp: bool, micro_batch: int) -> tuple[float, float]:
+        return self._layer_time(self._rep[self.graph.layers[index].kind], tp, sp, micro_batch)
 
     @functools.cached_property
     def _rep(self) -> dict[str, int]:
@@ -124,9 +122,9 @@ class Estimator:
         for i in range(start, end):
             layer = self.graph.layers[i]
             st = layer.stats
-            f, b = self._kind_time(i, tp, sp)
-            fwd += f * scale
-            bwd += b * scale
+            f, b = self._kind_time(i, tp, sp, micro_batch)
+            fwd += f
+            bwd += b
             if tp > 1:
                 tp_f += self.comm.time("all_reduce", st.tp_allreduce_fwd_bytes * scale, group)
                 tp_b += self.comm.time("all_reduce", st.tp_allreduce_bwd_bytes * scale, group)
@@ -202,8 +200,7 @@ class Estimator:
                     exposed += m * max(0.0, 2 * t_gather - mb_compute)
             dp_exposed.append(exposed)
             shard = p.dp if p.zero >= 1 else 1
-            opt_time.append(params_local / shard * ADAM_BYTES_PER_PARAM_STEP
-                            / self.cluster.device.memory_bandwidth_bytes)
+            opt_time.append(self.compute.optimizer_time(params_local / shard))
         dp_comm = max(dp_exposed)
         optimizer = max(opt_time)
         step = pipeline + dp_comm + optimizer
