@@ -21,7 +21,9 @@ profiler does (:func:`autoplan.profile.replay.sharded_call`), then:
    constant below it and proportional above it);
 3. **roofline** — otherwise ``None``: the cost model falls back to its roofline.
 
-Entries whose backward could not be run (``bwd_s: null``) count as missing.
+Entries whose backward could not be run (``bwd_s: null``) count as missing. With
+``dtype="bfloat16"`` the floating tensors of every node are looked up as that dtype (a graph
+traced in float32 planned for bf16 compute).
 """
 
 from __future__ import annotations
@@ -56,11 +58,13 @@ class OpTimeTable:
     lookup's source, so a report can say how much of a prediction was measured.
     """
 
-    def __init__(self, profile: OpProfile, *, extrapolate: float = 2.0):
+    def __init__(self, profile: OpProfile, *, extrapolate: float = 2.0,
+                 dtype: str | None = None):
         if extrapolate < 1:
             raise ValueError(f"extrapolate must be >= 1, got {extrapolate}")
         self.profile = profile
         self.extrapolate = extrapolate
+        self.dtype = dtype
         self.last_source: Source | None = None
         self.counts: Counter[str] = Counter()
         self._groups: dict[tuple, list[OpEntry]] = defaultdict(list)
@@ -115,6 +119,8 @@ class OpTimeTable:
 
     def _resolve(self, node: OpNode, t: int) -> tuple[Signature, Call | None]:
         sig = Signature.of(node)
+        if self.dtype is not None:
+            sig = sig.with_float_dtype(self.dtype)
         memo = (sig.key, node.tp_role, t)
         if memo not in self._resolved:
             try:

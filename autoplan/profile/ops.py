@@ -14,7 +14,8 @@ every signature not already in the output file is timed forward and backward
 into the file every ``flush_every`` signatures (under the file lock, atomically), so an
 interrupted run loses at most that many and a re-run skips what is done. Ops that cannot be
 re-run from their signature are reported, not stored: the cost model uses its roofline for
-them.
+them. Where the device has no kernel for an op (the CUDA attention kernels a GPU trace
+records, on a CPU), the portable op computing the same is timed and named in ``timed_as``.
 
 The device is an argument (``"cpu"``, ``"cuda"``, ``"cuda:1"``); nothing else differs.
 On CPU the default is one thread per process, as torchrun sets ``OMP_NUM_THREADS=1`` for
@@ -32,7 +33,8 @@ from typing import Iterable
 import torch
 
 from autoplan.graph import OpNode
-from autoplan.profile.replay import Call, ReplayError, count_flops, sharded_call
+from autoplan.profile.replay import (Call, ReplayError, count_flops, portable_call,
+                                     sharded_call)
 from autoplan.profile.signature import Signature
 from autoplan.profile.store import (OpEntry, OpProfile, add_op_entries, device_slug,
                                     measured_provenance, source_id)
@@ -113,8 +115,16 @@ def profile_ops(nodes: Iterable[OpNode], out: str | os.PathLike, *,
     try:
         with cpu_threads(n_threads), _progress(progress, len(todo), name) as advance:
             for key, (sig, call) in todo:
+                timed_as = None
                 try:
-                    t = time_op(call, sig, dev, timing, generator)
+                    try:
+                        t = time_op(call, sig, dev, timing, generator)
+                    except NotImplementedError:          # no kernel for this device
+                        portable = portable_call(call, sig)
+                        if portable is None:
+                            raise
+                        t = time_op(portable, sig, dev, timing, generator)
+                        timed_as = str(portable.op)
                 except (RuntimeError, ValueError, TypeError) as exc:
                     report.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                     advance()
@@ -122,7 +132,7 @@ def profile_ops(nodes: Iterable[OpNode], out: str | os.PathLike, *,
                 pending.append(OpEntry(op=sig.op, dtype=sig.dtype, inputs=sig.inputs,
                                        outputs=sig.outputs, fwd_s=t.fwd_s, bwd_s=t.bwd_s,
                                        repeats=t.repeats, flops=count_flops(call, sig),
-                                       bytes=sig.bytes, source=sid))
+                                       bytes=sig.bytes, source=sid, timed_as=timed_as))
                 report.measured += 1
                 if len(pending) >= flush_every:
                     flush()

@@ -164,6 +164,32 @@ def sharded_call(sig: Signature, role: str, t: int) -> tuple[Signature, Call]:
     return sig, reconstruct(sig)
 
 
+#: Device-specific attention kernels and the portable op computing the same thing.
+_PORTABLE_ATTENTION = ("aten._scaled_dot_product_efficient_attention.default",
+                       "aten._scaled_dot_product_flash_attention.default",
+                       "aten._scaled_dot_product_cudnn_attention.default")
+
+
+def portable_call(call: Call, sig: Signature) -> Call | None:
+    """For a kernel the device lacks (CUDA-only attention kernels on CPU), the portable op
+    that computes the same: ``aten.scaled_dot_product_attention`` with the same q, k, v,
+    mask, dropout, causality and scale, which runs the device's own kernel (on CPU the
+    flash kernel for CPU or the math path). None for other ops."""
+    if sig.op not in _PORTABLE_ATTENTION:
+        return None
+    by_name = {s.name: s for s in call.slots}
+    mask = by_name.get("attn_bias") or by_name.get("attn_mask")
+    value = {n: by_name[n].value for n in ("dropout_p", "is_causal", "scale") if n in by_name}
+    slots = [Slot("query", False, "tensor", by_name["query"].value),
+             Slot("key", False, "tensor", by_name["key"].value),
+             Slot("value", False, "tensor", by_name["value"].value),
+             Slot("attn_mask", False, "tensor", mask.value if mask is not None else None),
+             Slot("dropout_p", False, "value", value.get("dropout_p", 0.0)),
+             Slot("is_causal", False, "value", value.get("is_causal", False)),
+             Slot("scale", True, "value", value.get("scale"))]
+    return Call(torch.ops.aten.scaled_dot_product_attention.default, tuple(slots))
+
+
 def make_inputs(sig: Signature, device: torch.device, *, requires_grad: bool,
                 generator: torch.Generator | None = None) -> list[torch.Tensor]:
     """Random tensors for ``sig.inputs`` on ``device``; floating ones ~ N(0, 1) and, with

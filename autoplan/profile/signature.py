@@ -62,6 +62,13 @@ class Signature:
         """Bytes of every input and output (a lower bound on memory traffic)."""
         return sum(t.nbytes for t in (*self.inputs, *self.outputs))
 
+    def with_float_dtype(self, dtype: str) -> "Signature":
+        """The same op with every floating tensor in ``dtype``."""
+        def cast(m: TensorMeta) -> TensorMeta:
+            return TensorMeta(m.shape, dtype) if m.dtype in FLOAT_DTYPES else m
+
+        return Signature(self.op, tuple(map(cast, self.inputs)), tuple(map(cast, self.outputs)))
+
     @classmethod
     def of(cls, node: OpNode) -> "Signature":
         return cls(op=node.op, inputs=tuple(node.input_meta), outputs=tuple(node.output_meta))

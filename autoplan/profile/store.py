@@ -16,6 +16,8 @@ Two formats, both versioned, both validated on load (errors name the file and th
   ``<key>`` is :meth:`OpEntry.key`: op, input dtypes and shapes, and the output shapes
   (which pin down non-tensor arguments such as the dim of a reduction). ``bwd_s`` is 0.0
   for ops with no differentiable input and ``null`` where backward could not be run.
+  ``timed_as`` (optional) names the portable op that was timed where the device has no
+  kernel for this one (CUDA-only attention kernels on a CPU).
 
 ``profiles/links/<cluster>.json`` — collective timings and their alpha-beta fit::
 
@@ -242,17 +244,21 @@ class OpEntry:
     flops: float
     bytes: int
     source: str
+    timed_as: str | None = None     # the portable op timed where the device lacks this kernel
 
     @property
     def key(self) -> str:
         return signature_key(self.op, self.inputs, self.outputs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "dtype": self.dtype,
-                "inputs": [_tensor_dict(t) for t in self.inputs],
-                "outputs": [_tensor_dict(t) for t in self.outputs],
-                "fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "repeats": self.repeats,
-                "flops": self.flops, "bytes": self.bytes, "source": self.source}
+        d = {"op": self.op, "dtype": self.dtype,
+             "inputs": [_tensor_dict(t) for t in self.inputs],
+             "outputs": [_tensor_dict(t) for t in self.outputs],
+             "fwd_s": self.fwd_s, "bwd_s": self.bwd_s, "repeats": self.repeats,
+             "flops": self.flops, "bytes": self.bytes, "source": self.source}
+        if self.timed_as is not None:
+            d["timed_as"] = self.timed_as
+        return d
 
 
 def signature_key(op: str, inputs: tuple[TensorMeta, ...], outputs: tuple[TensorMeta, ...]) -> str:
@@ -284,7 +290,10 @@ class OpProfile:
             where = f"entries[{key!r}]"
             c.obj(e, where)
             c.unknown(e, {"op", "dtype", "inputs", "outputs", "fwd_s", "bwd_s", "repeats",
-                          "flops", "bytes", "source"}, where)
+                          "flops", "bytes", "source", "timed_as"}, where)
+            timed_as = e.get("timed_as")
+            if timed_as is not None and not isinstance(timed_as, str):
+                raise c.fail(f"{where}.timed_as", f"must be an op name, got {timed_as!r}")
             entry = OpEntry(
                 op=c.string(e, "op", where), dtype=c.string(e, "dtype", where),
                 inputs=tuple(c.tensor(t, f"{where}.inputs[{i}]") for i, t in
@@ -295,7 +304,7 @@ class OpProfile:
                 bwd_s=c.number(e, "bwd_s", where, optional=True),
                 repeats=c.integer(e, "repeats", where, minimum=1),
                 flops=c.number(e, "flops", where), bytes=c.integer(e, "bytes", where),
-                source=c.source_ref(e, where, sources))
+                source=c.source_ref(e, where, sources), timed_as=timed_as)
             if entry.key != key:
                 raise c.fail(where, f"key does not match the entry's signature {entry.key!r}")
             entries[key] = entry
@@ -409,12 +418,11 @@ class LinkProfile:
         f = self.fit_for(collective, level, group_size)
         return f.alpha_s + nbytes * bus_factor(collective, group_size) * f.beta_s_per_byte
 
-    def fitted_table(self) -> dict[tuple[str, str], dict[str, float]]:
-        """The pooled alpha-beta per (collective, level), for the cost model's CommModel:
-        ``{(collective, level): {"alpha_s", "beta_s_per_byte", "busbw_gbps"}}``."""
-        return {(f.collective, f.level): {"alpha_s": f.alpha_s,
-                                          "beta_s_per_byte": f.beta_s_per_byte,
-                                          "busbw_gbps": f.busbw_gbps}
+    def fitted_table(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """The pooled alpha-beta per (collective, level), as the cost model's
+        ``CommModel(cluster, fitted=...)`` takes it:
+        ``{(collective, level): (alpha_s, beta_s_per_byte)}``."""
+        return {(f.collective, f.level): (f.alpha_s, f.beta_s_per_byte)
                 for f in self.fits if f.group_size is None}
 
     # ---- JSON --------------------------------------------------------------------------

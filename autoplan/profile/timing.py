@@ -74,6 +74,8 @@ def time_op(call: Call, sig: Signature, device: torch.device, cfg: TimingConfig,
     try:
         inputs = make_inputs(sig, device, requires_grad=True, generator=generator)
         call(inputs, device)
+    except NotImplementedError:   # no kernel on this device: the caller decides
+        raise
     except RuntimeError:          # e.g. an in-place op on a leaf: time it without autograd
         inputs = make_inputs(sig, device, requires_grad=False, generator=generator)
         fwd = statistics.median(time_fn(lambda: call(inputs, device), device, cfg))
