@@ -57,7 +57,7 @@ class BuiltinFamily:
     """A model family shipped with autoplan."""
 
     build: Callable[[dict], nn.Module]                       # config -> module
-    batch: Callable[[dict, int, int | None, torch.device], tuple]   # -> forward args
+    batch: Callable[..., tuple]    # (config, batch_size, seq_len, device, seed=0) -> forward args
     seq_len: Callable[[dict], int | None]                    # the family's sequence length
 
 
@@ -128,11 +128,11 @@ def example_batch(spec: ModelSpec, batch_size: int, seq_len: int | None = None,
     _load_builtins()
     device = torch.device(device)
     if spec.source == "builtin":
-        return _family(spec.name).batch(spec.config, batch_size, seq_len, device)
+        return _family(spec.name).batch(spec.config, batch_size, seq_len, device, seed=seed)
     if spec.source == "hf":
         from autoplan.models import hf
 
-        return hf.example_batch(spec, batch_size, seq_len, device)
+        return hf.example_batch(spec, batch_size, seq_len, device, seed=seed)
     module = build_model(spec, device="meta")
     make = getattr(module, "example_batch", None)
     if make is None:
@@ -188,7 +188,8 @@ def _gpt_build(config: dict) -> nn.Module:
     return GPT(GPTConfig.from_dict(config))
 
 
-def _gpt_batch(config: dict, batch_size: int, seq_len: int | None, device: torch.device) -> tuple:
+def _gpt_batch(config: dict, batch_size: int, seq_len: int | None, device: torch.device,
+               seed: int = 0) -> tuple:
     from autoplan.models.gpt import GPTConfig
 
     cfg = GPTConfig.from_dict(config)
@@ -196,7 +197,7 @@ def _gpt_batch(config: dict, batch_size: int, seq_len: int | None, device: torch
     if s > cfg.seq_len:
         raise ConfigError(f"sequence length {s} exceeds the model's seq_len {cfg.seq_len}",
                           field="batch.seq_len")
-    return _token_batch(cfg.vocab_size, batch_size, s, device)
+    return _token_batch(cfg.vocab_size, batch_size, s, device, seed)
 
 
 def _token_batch(vocab: int, batch_size: int, seq_len: int, device: torch.device,
@@ -226,6 +227,11 @@ def _load_builtins() -> None:
         return
     _LOADED = True
     register_family("gpt", BuiltinFamily(_gpt_build, _gpt_batch, _gpt_seq_len))
-    from autoplan.models import presets
+    from autoplan.models import mlp, presets, wide_resnet
 
+    for family, module in (("mlp", mlp), ("wide-resnet", wide_resnet)):
+        register_family(family, BuiltinFamily(module.build, module.example_batch,
+                                              module.seq_len))
+        for preset, config in module.PRESETS.items():
+            register_preset(preset, family, config)
     presets.register_all()

@@ -1,0 +1,14 @@
+"""Trace a model on the meta device into an :class:`autoplan.graph.OpGraph`.
+
+    from autoplan.trace import trace, trace_module
+    graph = trace(resolve("gpt-1.7b"), batch_size=1, seq_len=2048, dtype=torch.float16)
+
+See :mod:`autoplan.trace.tracer` for the steps and one module per concern: ``capture``
+(dispatch-level recording of forward and backward), ``cuda_semantics`` (dropout and SDPA as
+on a GPU), ``flops``, ``dataflow``, ``layers`` (repeated-block detection), ``roles``
+(tensor-parallel roles), ``saved`` (activation memory), ``stats`` (per-layer aggregates).
+"""
+
+from autoplan.trace.tracer import module_fingerprint, trace, trace_module
+
+__all__ = ["module_fingerprint", "trace", "trace_module"]

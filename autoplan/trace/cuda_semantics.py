@@ -1,0 +1,87 @@
+"""Trace the ops a CUDA training step runs, although the trace runs on the meta device.
+
+Two composite ops pick their kernel by device, and on the meta (and CPU) device they pick
+one that a GPU run does not use, with a different memory footprint:
+
+* ``F.dropout``: ATen's ``dropout`` calls the fused ``native_dropout`` (output plus a 1-byte
+  bool mask, what Korthikanti et al. 2022, arXiv 2205.05198, count as ``sbh`` per dropout)
+  only on CUDA-like devices; elsewhere it multiplies by a mask of the input's dtype. Here it
+  always becomes ``aten.native_dropout``.
+* ``F.scaled_dot_product_attention``: on CUDA, PyTorch picks the flash kernel (fp16/bf16, no
+  explicit mask) or the memory-efficient kernel (otherwise); on the meta device it falls
+  back to the math path, which materialises and saves the (b, heads, s, s) matrix. Here it
+  becomes ``aten._scaled_dot_product_flash_attention`` or
+  ``aten._scaled_dot_product_efficient_attention``, both of which have meta kernels, autograd
+  formulas and FLOP formulas in ``torch.utils.flop_counter``.
+
+The rewrite is a :class:`torch.overrides.TorchFunctionMode`, active only while tracing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+_aten = torch.ops.aten
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+_FLASH_MAX_HEAD_DIM = 256
+
+
+def _dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
+             inplace: bool = False) -> torch.Tensor:
+    if not training or p == 0.0:
+        return input
+    if p >= 1.0:
+        return input * 0.0
+    out, _mask = _aten.native_dropout(input, p, True)
+    if inplace:
+        return input.copy_(out)
+    return out
+
+
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+          attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+          is_causal: bool = False, scale: float | None = None,
+          enable_gqa: bool = False) -> torch.Tensor:
+    head_dim = query.shape[-1]
+    if attn_mask is None and query.dtype in _FLASH_DTYPES and head_dim <= _FLASH_MAX_HEAD_DIM:
+        # FlashAttention-2 handles grouped-query attention natively (k, v keep their heads).
+        return _aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+    if key.shape[-3] != query.shape[-3]:          # the efficient kernel needs equal heads
+        rep = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(rep, dim=-3)
+        value = value.repeat_interleave(rep, dim=-3)
+    bias = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            bias = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device)
+            bias = bias.masked_fill(~attn_mask, float("-inf"))
+        else:
+            bias = attn_mask.to(query.dtype)
+        bias = bias.expand(*query.shape[:-1], key.shape[-2])
+    need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    return _aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale)[0]
+
+
+class CudaSemantics(TorchFunctionMode):
+    """Route dropout and SDPA to the kernels a CUDA training step uses (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rewrites: dict[Callable[..., Any], Callable[..., Any]] = {
+            F.dropout: _dropout,
+            torch.dropout: _dropout,
+            F.scaled_dot_product_attention: _sdpa,
+        }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rewrite = self._rewrites.get(func)
+        if rewrite is not None:
+            return rewrite(*args, **kwargs)
+        return func(*args, **kwargs)

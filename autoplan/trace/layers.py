@@ -1,0 +1,151 @@
+"""Split the forward ops into layers: the repeated blocks, plus what runs before and after.
+
+Blocks are found from the module tree and the op sequence, not from names:
+
+1. Candidates are the containers (``nn.ModuleList``, ``nn.ModuleDict``, ``nn.Sequential``)
+   anywhere in the model. A candidate's *units* are its children, or — second variant — its
+   children with child containers replaced by their own children. The second variant
+   flattens groups of blocks (Wide-ResNet's three groups, torchvision's ``layer1..4``-style
+   Sequentials inside a list) into one sequence of blocks.
+2. A candidate is valid when at least two units ran and each ran as one contiguous run of
+   ops (a module called twice, or interleaved with other code, is not a block).
+3. A unit's signature is its op sequence: aten op, output shapes and dtypes, and module path
+   relative to the unit. Units with equal signatures are structurally identical copies.
+4. The chosen candidate covers the most ops with units that have at least one identical
+   sibling; ties go to fewer, larger units. With no repeats anywhere, the valid candidate
+   with the most units is used; with no valid candidate at all, the model is one layer.
+
+Layers: ``<pre>`` (ops before the first block), one layer per block named by its FQN
+(ops between two blocks go with the earlier one), ``<post>`` (ops after the last block).
+``<pre>`` and ``<post>`` are always present, possibly empty. A block's ``kind`` is
+``<Class>#<6 hex digits of its signature>``: equal kinds are interchangeable copies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch.nn as nn
+
+from autoplan.trace.capture import CapturedOp
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
+
+
+@dataclass(frozen=True)
+class LayerSpan:
+    name: str          # "<pre>", the block FQN, "<post>"
+    kind: str
+    start: int         # op indices [start, stop)
+    stop: int
+
+
+@dataclass(frozen=True)
+class _Span:
+    first: int
+    last: int
+    count: int
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _module_spans(ops: Sequence[CapturedOp]) -> dict[str, _Span]:
+    """For every module path that ran: first and last op index and number of ops inside."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for op in ops:
+        path = op.module_path
+        if not path:
+            continue
+        parts = path.split(".")
+        for k in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            if prefix not in first:
+                first[prefix] = op.index
+            last[prefix] = op.index
+            count[prefix] = count.get(prefix, 0) + 1
+    return {p: _Span(first[p], last[p], count[p]) for p in first}
+
+
+def _relative(path: str, unit: str) -> str:
+    if path == unit:
+        return ""
+    if path.startswith(unit + "."):
+        return path[len(unit) + 1:]
+    return "/" + path          # outside the unit (code between blocks)
+
+
+def signature(ops: Sequence[CapturedOp], unit: str) -> str:
+    """sha1 over (op, output shapes and dtypes, module path relative to ``unit``)."""
+    h = hashlib.sha1()
+    for op in ops:
+        outs = ",".join(f"{tuple(t.shape)}:{t.dtype}" for t in op.out_tensors)
+        h.update(f"{op.func}|{outs}|{_relative(op.module_path, unit)};".encode())
+    return h.hexdigest()
+
+
+def _candidate_units(model: nn.Module) -> list[list[str]]:
+    candidates: list[list[str]] = []
+    for fqn, module in model.named_modules():
+        if not isinstance(module, _CONTAINERS):
+            continue
+        direct = [_join(fqn, name) for name, _ in module.named_children()]
+        flat: list[str] = []
+        for name, child in module.named_children():
+            path = _join(fqn, name)
+            if isinstance(child, _CONTAINERS):
+                flat.extend(_join(path, n) for n, _ in child.named_children())
+            else:
+                flat.append(path)
+        candidates.append(direct)
+        if flat != direct:
+            candidates.append(flat)
+    return candidates
+
+
+def _score(units: list[str], spans: dict[str, _Span], ops: Sequence[CapturedOp]
+           ) -> tuple[tuple[int, int, int], list[str]] | None:
+    ran = sorted((u for u in units if u in spans), key=lambda u: spans[u].first)
+    if len(ran) < 2:
+        return None
+    prev_last = -1
+    for u in ran:
+        s = spans[u]
+        if s.count != s.last - s.first + 1 or s.first <= prev_last:
+            return None
+        prev_last = s.last
+    sigs = [signature(ops[spans[u].first:spans[u].last + 1], u) for u in ran]
+    seen: dict[str, int] = {}
+    for sig in sigs:
+        seen[sig] = seen.get(sig, 0) + 1
+    covered = sum(spans[u].count for u, sig in zip(ran, sigs) if seen[sig] > 1)
+    return (covered, -len(ran) if covered else len(ran), -min(u.count(".") for u in ran)), ran
+
+
+def detect_layers(model: nn.Module, ops: Sequence[CapturedOp]) -> list[LayerSpan]:
+    """Layers of the traced forward (see the module docstring)."""
+    n = len(ops)
+    spans = _module_spans(ops)
+    best: tuple[tuple[int, int, int], list[str]] | None = None
+    for units in _candidate_units(model):
+        scored = _score(units, spans, ops)
+        if scored is not None and (best is None or scored[0] > best[0]):
+            best = scored
+    if best is None:
+        return [LayerSpan("<pre>", "<pre>", 0, n), LayerSpan("<post>", "<post>", n, n)]
+    blocks = best[1]
+    modules = dict(model.named_modules())
+    layers = [LayerSpan("<pre>", "<pre>", 0, spans[blocks[0]].first)]
+    for k, unit in enumerate(blocks):
+        start = spans[unit].first
+        stop = spans[blocks[k + 1]].first if k + 1 < len(blocks) else spans[unit].last + 1
+        sig = signature(ops[start:stop], unit)
+        kind = f"{type(modules[unit]).__name__}#{sig[:6]}"
+        layers.append(LayerSpan(unit, kind, start, stop))
+    layers.append(LayerSpan("<post>", "<post>", spans[blocks[-1]].last + 1, n))
+    return layers

@@ -1,0 +1,134 @@
+"""Built-in model families (MLP, Wide-ResNet) and Hugging Face models built from configs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from autoplan.errors import ConfigError
+from autoplan.models import build_model, builtin_names, default_seq_len, example_batch, resolve
+from autoplan.models.mlp import MLPConfig
+from autoplan.models.wide_resnet import WRNConfig
+
+TINY_GPT2 = dict(n_layer=2, n_embd=32, n_head=4, vocab_size=128, n_positions=64)
+
+
+def _train_step(spec, batch_size, seq_len=None) -> torch.Tensor:
+    """One real forward and backward on the CPU; returns the loss."""
+    torch.manual_seed(0)
+    model = build_model(spec, device="cpu")
+    loss = model(*example_batch(spec, batch_size, seq_len, device="cpu", seed=1))
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    return loss
+
+
+def test_builtin_names_include_new_families_and_presets():
+    names = builtin_names()
+    for name in ("mlp", "mlp-tiny", "wide-resnet", "wrn-28-10", "gpt", "gpt3-175b"):
+        assert name in names
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_mlp_trains_on_cpu(task):
+    spec = resolve("mlp-tiny", task=task)
+    loss = _train_step(spec, 4)
+    assert loss.shape == () and torch.isfinite(loss)
+    model = build_model(spec, device="cpu")
+    assert sum(p.numel() for p in model.parameters()) == \
+        MLPConfig.from_dict(spec.config).num_params()
+    x, y = example_batch(spec, 4, device="cpu", seed=3)
+    assert x.shape == (4, 32) and y.shape == ((4,) if task == "classification" else (4, 4))
+    assert torch.equal(x, example_batch(spec, 4, device="cpu", seed=3)[0])
+    assert not torch.equal(x, example_batch(spec, 4, device="cpu", seed=4)[0])
+
+
+def test_mlp_config_is_validated():
+    with pytest.raises(ConfigError, match="hiden"):
+        build_model(resolve("mlp", hiden=3))
+    with pytest.raises(ConfigError, match="task"):
+        build_model(resolve("mlp", task="ranking"))
+    with pytest.raises(ConfigError, match="seq_len"):
+        example_batch(resolve("mlp-tiny"), 2, 16)
+
+
+@pytest.mark.parametrize("depth, width", [(10, 1), (16, 4), (28, 10), (40, 2)])
+def test_wide_resnet_param_count(depth, width):
+    cfg = WRNConfig(depth=depth, width=width)
+    model = build_model(resolve("wide-resnet", depth=depth, width=width))
+    assert sum(p.numel() for p in model.parameters()) == cfg.num_params()
+
+
+def test_wide_resnet_trains_on_cpu_and_validates():
+    spec = resolve("wide-resnet", depth=10, width=1, image_size=8, num_classes=3)
+    loss = _train_step(spec, 2)
+    assert loss.shape == () and torch.isfinite(loss)
+    images, labels = example_batch(spec, 2, device="meta")
+    assert images.shape == (2, 3, 8, 8) and labels.dtype == torch.long
+    with pytest.raises(ConfigError, match="6N"):
+        build_model(resolve("wide-resnet", depth=12))
+    with pytest.raises(ConfigError, match="image_size"):
+        build_model(resolve("wide-resnet", image_size=30))
+
+
+def test_gpt_batch_seed_is_passed_through():
+    spec = resolve("gpt-tiny")
+    a = example_batch(spec, 2, device="cpu", seed=5)[0]
+    assert torch.equal(a, example_batch(spec, 2, device="cpu", seed=5)[0])
+    assert not torch.equal(a, example_batch(spec, 2, device="cpu", seed=6)[0])
+
+
+# ---- Hugging Face ---------------------------------------------------------------------------
+
+def test_hf_resolve_keeps_overrides_and_names():
+    spec = resolve("hf:gpt2", **TINY_GPT2)
+    assert spec.source == "hf" and spec.name == "gpt2"
+    assert spec.config["n_layer"] == 2 and spec.config["attn_implementation"] == "sdpa"
+    alias = resolve("hf:gpt2", num_hidden_layers=2, n_embd=32, n_head=4, vocab_size=128,
+                    n_positions=64)
+    assert alias.config["n_layer"] == 2
+    assert default_seq_len(spec) == 64
+    json.dumps(spec.to_dict())                       # goes into plan files
+    assert spec.fingerprint() == resolve("hf:gpt2", **TINY_GPT2).fingerprint()
+
+
+def test_hf_bad_input_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="n_layers"):
+        resolve("hf:gpt2", n_layers=2)
+    with pytest.raises(ConfigError, match="model_type"):
+        resolve("hf:no-such-model")
+    with pytest.raises(ConfigError, match="attn_implementation"):
+        resolve("hf:gpt2", attn_implementation="flash")
+    with pytest.raises(ConfigError, match="max_position_embeddings"):
+        example_batch(resolve("hf:gpt2", **TINY_GPT2), 1, 128)
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="config.json"):
+        resolve(f"hf:{bad}")
+
+
+def test_hf_gpt2_builds_with_checkpoint_names_and_trains():
+    spec = resolve("hf:gpt2", **TINY_GPT2, attn_implementation="eager")
+    model = build_model(spec)
+    names = dict(model.named_parameters())
+    assert "transformer.h.1.attn.c_attn.weight" in names and "lm_head.weight" not in names
+    assert next(iter(names.values())).is_meta
+    loss = _train_step(spec, 2, 16)
+    assert torch.isfinite(loss) and 3.0 < loss.item() < 7.0      # ~ln(128) at init
+
+
+def test_hf_llama_from_config_json(tmp_path):
+    config = dict(model_type="llama", hidden_size=32, intermediate_size=64,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  vocab_size=128, max_position_embeddings=64)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    spec = resolve(f"hf:{tmp_path}")
+    assert spec.name == "llama" and spec.config["num_key_value_heads"] == 2
+    assert resolve(f"hf:{path}", num_hidden_layers=3).config["num_hidden_layers"] == 3
+    model = build_model(spec)
+    assert "model.layers.1.mlp.gate_proj.weight" in dict(model.named_parameters())
+    loss = _train_step(spec, 2, 16)
+    assert torch.isfinite(loss)
