@@ -36,8 +36,8 @@ from autoplan.graph import OpNode
 from autoplan.profile.replay import (Call, ReplayError, count_flops, portable_call,
                                      sharded_call)
 from autoplan.profile.signature import Signature
-from autoplan.profile.store import (OpEntry, OpProfile, add_op_entries, device_slug,
-                                    measured_provenance, source_id)
+from autoplan.profile.store import (OpEntry, OpProfile, ProfileError, add_op_entries,
+                                    device_slug, measured_provenance, source_id)
 from autoplan.profile.timing import TimingConfig, cpu_threads, time_op
 
 
@@ -92,7 +92,13 @@ def profile_ops(nodes: Iterable[OpNode], out: str | os.PathLike, *,
     name = device_name or device_slug(device)
     path = Path(out)
     sigs, failed = collect_signatures(nodes, tp_degrees)
-    done = set(OpProfile.load(path).entries) if path.exists() else set()
+    done: set[str] = set()
+    if path.exists():
+        existing = OpProfile.load(path)
+        if existing.device != name:
+            raise ProfileError(f"holds timings of device {existing.device!r}, not {name!r} "
+                               "(write to another file)", source=str(path), field="device")
+        done = set(existing.entries)
     todo = [(k, v) for k, v in sigs.items() if k not in done]
     report = ProfileReport(path=path, device=name, signatures=len(sigs), failed=dict(failed),
                            skipped=len(sigs) - len(todo))
