@@ -16,6 +16,11 @@ transformers defaults (``to_diff_dict``), so it is small and stable in a plan fi
 so parameter and module names are exactly the checkpoint's (``model.layers.3.mlp.up_proj``,
 ``transformer.h.5.attn.c_attn``). Labels are the input ids: transformers shifts them
 inside its causal-LM loss.
+
+Traced (on fake tensors), transformers takes its ``torch.compile`` path: it cannot rule out
+packed sequences without values, so it builds a (b, 1, s, s) mask and passes it to SDPA,
+which the tracer maps to the memory-efficient kernel (flash takes no mask). Each layer then
+keeps a 2·b·s² byte attention bias — small next to the 5·a·s/h·sbh of eager attention.
 """
 
 from __future__ import annotations

@@ -110,6 +110,10 @@ def _candidate_units(model: nn.Module) -> list[list[str]]:
 
 def _score(units: list[str], spans: dict[str, _Span], ops: Sequence[CapturedOp]
            ) -> tuple[tuple[int, int, int], list[str]] | None:
+    """(score, units that ran in execution order), or None for an invalid candidate.
+
+    Score, compared as a tuple: ops covered by repeated units; then fewer units when
+    something repeats (bigger blocks), more units when nothing does; then shallower."""
     ran = sorted((u for u in units if u in spans), key=lambda u: spans[u].first)
     if len(ran) < 2:
         return None
@@ -117,14 +121,14 @@ def _score(units: list[str], spans: dict[str, _Span], ops: Sequence[CapturedOp]
     for u in ran:
         s = spans[u]
         if s.count != s.last - s.first + 1 or s.first <= prev_last:
-            return None
+            return None          # not one contiguous run, or overlapping another unit
         prev_last = s.last
     sigs = [signature(ops[spans[u].first:spans[u].last + 1], u) for u in ran]
-    seen: dict[str, int] = {}
-    for sig in sigs:
-        seen[sig] = seen.get(sig, 0) + 1
-    covered = sum(spans[u].count for u, sig in zip(ran, sigs) if seen[sig] > 1)
-    return (covered, -len(ran) if covered else len(ran), -min(u.count(".") for u in ran)), ran
+    copies = {sig: sigs.count(sig) for sig in set(sigs)}
+    covered = sum(spans[u].count for u, sig in zip(ran, sigs) if copies[sig] > 1)
+    size = -len(ran) if covered else len(ran)
+    depth = -min(u.count(".") for u in ran)
+    return (covered, size, depth), ran
 
 
 def detect_layers(model: nn.Module, ops: Sequence[CapturedOp]) -> list[LayerSpan]:

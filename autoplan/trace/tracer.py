@@ -176,12 +176,15 @@ def trace_module(model: nn.Module, batch: tuple | None = None, *,
 
 def trace(spec: Any, batch_size: int, seq_len: int | None = None, *,
           dtype: torch.dtype | None = None) -> OpGraph:
-    """Build ``spec`` (an :class:`autoplan.models.ModelSpec`) on the meta device with its
-    training batch of ``batch_size`` (sequence ``seq_len``, default the model's) and trace
-    it. ``trace_seconds`` includes building the model."""
-    from autoplan.models import build_model, default_seq_len, example_batch
+    """Build ``spec`` (an :class:`autoplan.models.ModelSpec`, or a name for
+    :func:`autoplan.models.resolve`) on the meta device with its training batch of
+    ``batch_size`` (sequence ``seq_len``, default the model's) and trace it.
+    ``trace_seconds`` includes building the model."""
+    from autoplan.models import build_model, default_seq_len, example_batch, resolve
 
     t0 = time.perf_counter()
+    if isinstance(spec, str):
+        spec = resolve(spec)
     if seq_len is None:
         seq_len = default_seq_len(spec)
     model = build_model(spec, device="meta", dtype=dtype)
