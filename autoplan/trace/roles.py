@@ -43,7 +43,7 @@ from autoplan.trace.flops import tensor_nbytes
 
 _CONV = frozenset({"convolution", "_convolution", "conv1d", "conv2d", "conv3d",
                    "cudnn_convolution", "convolution_overrideable", "_slow_conv2d_forward"})
-# (operand index holding the weight's output features on its last-but-one / last dim)
+# positions of the (left, right) matrix operands among the op's tensor arguments
 _MATMUL_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2),
                     "matmul": (0, 1)}
 
