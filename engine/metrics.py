@@ -15,9 +15,10 @@ FLOPs. Then::
 
 Peak memory per rank: on an accelerator the caching allocator's ``max_memory_allocated``
 over every measured step; on CPU, :class:`engine.memory.LiveTensorMemory` (a
-TorchDispatchMode counting live tensor storages) over one step — the last warm-up step, kept
-out of the timing medians because the tracker slows it down. Both count tensor memory only
-(not the allocator's cache or communication libraries' own buffers).
+TorchDispatchMode counting live tensor storages) over one step — the last warm-up step, and
+at least step 2 (step 1 creates the optimizer states) — kept out of the timing medians
+because the tracker slows it down. Both count tensor memory only (not the allocator's cache
+or communication libraries' own buffers).
 """
 
 from __future__ import annotations

@@ -155,7 +155,9 @@ class Trainer:
         if pm.rank == 0:
             _truncate_metrics(writer.path, keep_until=start)
         probe = MemoryProbe(pm.device, enabled=cfg.memory != "off")
-        tracked_step = start + max(1, cfg.warmup_steps)
+        # CPU memory is tracked on one step: the last warm-up step, and at least the second
+        # (the first creates the optimizer states, so it is not the steady state).
+        tracked_step = min(cfg.steps, start + max(2, cfg.warmup_steps))
         records: list[StepRecord] = []
         self.log(f"{self.source}: {self.plan.parallel.label()} | {pm.describe()} | "
                  f"steps {start + 1}..{cfg.steps}")

@@ -16,15 +16,17 @@ import sys
 from pathlib import Path
 
 from autoplan.models.registry import ModelSpec, build_model
-from autoplan.plan import MeshSpec, ParallelConfig, Plan, Stage
+from autoplan.plan import MeshSpec, ParallelConfig, Plan, Prediction, Stage
 
 REPO = Path(__file__).resolve().parent.parent
 
 #: A GPT small enough for 20-step parity runs on 4 CPU ranks sharing 2 cores.
 TINY = dict(vocab_size=128, seq_len=32, hidden=32, layers=4, heads=4, attention="sdpa",
             dropout=0.0)
+#: The same size in Llama style (RMSNorm, SwiGLU, rotary, grouped-query attention).
+TINY_LLAMA = dict(TINY, style="llama", kv_heads=2, ffn_hidden=64)
 CLUSTER = {"name": "test-cpu", "device": {"name": "cpu-test", "family": "cpu",
-                                          "peak_tflops": {"float32": 0.08}}}
+                                          "peak_tflops": {"float32": 0.08, "bfloat16": 0.16}}}
 
 _COLUMN = ("attn.q", "attn.k", "attn.v", "mlp.fc1", "mlp.gate", "mlp.up")
 _ROW = ("attn.o", "mlp.fc2", "mlp.down")
@@ -48,7 +50,8 @@ def placements(spec: ModelSpec, parallel: ParallelConfig) -> dict[str, dict[str,
 def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool = False,
               schedule: str = "1f1b", virtual_stages: int = 1, global_batch: int = 8,
               num_micro_batches: int = 1, seq_len: int = 32, model: dict | None = None,
-              checkpoint: bool = False, precision: dict | None = None) -> Plan:
+              checkpoint: bool = False, precision: dict | None = None,
+              prediction: Prediction | None = None, device_type: str = "cpu") -> Plan:
     spec = ModelSpec("builtin", "gpt", dict(model or TINY))
     micro_batch = global_batch // (dp * num_micro_batches)
     parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sp,
@@ -78,11 +81,11 @@ def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool 
     plan = Plan(model=spec.to_dict(), model_fingerprint=spec.fingerprint(),
                 num_params=sum(p.numel() for p in build_model(spec).parameters()),
                 cluster=CLUSTER, global_batch=global_batch, seq_len=seq_len,
-                mesh=MeshSpec(shape=(pp, dp, tp)), parallel=parallel, stages=stages,
+                mesh=MeshSpec(shape=(pp, dp, tp), device_type=device_type), parallel=parallel, stages=stages,
                 param_placements=placements(spec, parallel),
                 precision=precision or {"params": "float32", "compute": "float32",
                                         "reduce": "float32"},
-                planner={"name": "tests.engine_helpers"})
+                prediction=prediction, planner={"name": "tests.engine_helpers"})
     plan.validate()
     return plan
 
