@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from autoplan.models.registry import register_preset
 
+# GPT-2's 50257 tokens padded to a multiple of 128 (Megatron-LM's
+# --make-vocab-size-divisible-by), so the vocabulary shards over any TP degree up to 8;
+# GPT-3 175B uses Megatron's 51200 as in Narayanan et al. 2021.
+GPT2_VOCAB_PADDED = 50304
+
 # name: (hidden, layers, heads)
 _MEGATRON_SC21 = {
     "gpt-1.7b": (2304, 24, 24),
@@ -49,9 +54,9 @@ def register_all() -> None:
         register_preset(name, "gpt", dict(vocab_size=51200, seq_len=2048, hidden=h, layers=l,
                                           heads=a))
     for name, (h, l, a) in _GPT2.items():
-        register_preset(name, "gpt", dict(vocab_size=50257, seq_len=1024, hidden=h, layers=l,
-                                          heads=a, tie_embeddings=True))
-    register_preset("gpt3-175b", "gpt", dict(vocab_size=50257, seq_len=2048, hidden=12288,
+        register_preset(name, "gpt", dict(vocab_size=GPT2_VOCAB_PADDED, seq_len=1024, hidden=h,
+                                          layers=l, heads=a, tie_embeddings=True))
+    register_preset("gpt3-175b", "gpt", dict(vocab_size=51200, seq_len=2048, hidden=12288,
                                              layers=96, heads=96))
     for name, (h, l, a, kv, f) in _LLAMA3.items():
         register_preset(name, "gpt", dict(vocab_size=128256, seq_len=8192, hidden=h, layers=l,
