@@ -9,6 +9,7 @@
         --micro-batch 2 --checkpoint full
     autoplan trace llama3-8b --seq-len 8192
     autoplan run plan.json --steps 20
+    autoplan profile ops gpt-small --tp 1,2 | autoplan profile links --nproc 4
     autoplan models | autoplan clusters
 
 Every command takes ``--json`` for machine-readable output. Errors a user can cause print
@@ -132,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/demo")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_demo)
+
+    from autoplan.profile.cli import add_profile_commands
+
+    add_profile_commands(sub)
 
     p = sub.add_parser("models", help="list built-in models and presets")
     p.add_argument("--json", action="store_true")
