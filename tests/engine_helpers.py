@@ -1,22 +1,25 @@
 """Plans and launches for the engine tests.
 
-``make_plan`` builds a Plan the way the planner lays one out (``(pp, dp, tp)`` row-major mesh,
-blocks split evenly over the stages with ``<pre>``/``<post>`` on the first/last, Megatron
-placements). ``torchrun ... tests/engine_helpers.py OUT [options] -- PLAN...`` trains several
+``make_plan`` asks the planner's builder for a plan (``(pp, dp, tp)`` row-major mesh, blocks
+split evenly over the stages with ``<pre>``/``<post>`` on the first/last, Megatron placements
+from the tracer's tensor-parallel roles), so the engine runs what the planner writes. ``torchrun ... tests/engine_helpers.py OUT [options] -- PLAN...`` trains several
 plans of one world size in a single launch (one process group; each plan gets its own mesh
 and writes ``OUT/<plan stem>/``), which keeps the multi-process tests fast on a small machine.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from autoplan.models.registry import ModelSpec, build_model
-from autoplan.plan import MeshSpec, ParallelConfig, Plan, Prediction, Stage
+from autoplan.models.registry import ModelSpec
+from autoplan.plan import ParallelConfig, Plan, Prediction
+from autoplan.planner.build import build_plan
+from autoplan.trace import trace
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,23 +31,16 @@ TINY_LLAMA = dict(TINY, style="llama", kv_heads=2, ffn_hidden=64)
 CLUSTER = {"name": "test-cpu", "device": {"name": "cpu-test", "family": "cpu",
                                           "peak_tflops": {"float32": 0.08, "bfloat16": 0.16}}}
 
-_COLUMN = ("attn.q", "attn.k", "attn.v", "mlp.fc1", "mlp.gate", "mlp.up")
-_ROW = ("attn.o", "mlp.fc2", "mlp.down")
+CLUSTER_GPU = {"name": "test-gpu", "device": {"name": "gpu-test", "family": "gpu",
+                                              "peak_tflops": {"float32": 60.0,
+                                                              "bfloat16": 900.0}}}
 
 
-def placements(spec: ModelSpec, parallel: ParallelConfig) -> dict[str, dict[str, str]]:
-    """Megatron placements on ``tp``; ``Shard(0)`` on ``dp`` under ZeRO-3."""
-    out = {}
-    for name, _ in build_model(spec, device="meta").named_parameters():
-        module, _, kind = name.rpartition(".")
-        tp = "Replicate()"
-        if parallel.tp > 1 and module.endswith(_COLUMN):
-            tp = "Shard(0)"
-        elif parallel.tp > 1 and module.endswith(_ROW) and kind == "weight":
-            tp = "Shard(1)"
-        dp = "Shard(0)" if parallel.zero == 3 and parallel.dp > 1 else "Replicate()"
-        out[name] = {"tp": tp, "dp": dp}
-    return out
+@functools.lru_cache(maxsize=None)
+def _graph(config_json: str, seq_len: int):
+    """The tracer's OpGraph of a model (cached: the tests plan many layouts of few models)."""
+    spec = ModelSpec("builtin", "gpt", json.loads(config_json))
+    return trace(spec, batch_size=1, seq_len=seq_len)
 
 
 def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool = False,
@@ -52,41 +48,22 @@ def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool 
               num_micro_batches: int = 1, seq_len: int = 32, model: dict | None = None,
               checkpoint: bool = False, precision: dict | None = None,
               prediction: Prediction | None = None, device_type: str = "cpu") -> Plan:
-    spec = ModelSpec("builtin", "gpt", dict(model or TINY))
-    micro_batch = global_batch // (dp * num_micro_batches)
+    """A plan from the planner's own builder (``autoplan.planner.build.build_plan``) over the
+    tracer's graph: the engine is tested on what the planner writes."""
+    config = dict(model or TINY)
+    spec = ModelSpec("builtin", "gpt", config)
     parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sp,
-                              micro_batch=micro_batch, num_micro_batches=num_micro_batches,
-                              schedule=schedule, virtual_stages=virtual_stages,
+                              micro_batch=global_batch // (dp * num_micro_batches),
+                              num_micro_batches=num_micro_batches, schedule=schedule,
+                              virtual_stages=virtual_stages,
                               checkpoint="full" if checkpoint else "none")
-    layers = spec.config["layers"]
-    names = ["<pre>"] + [f"blocks.{i}" for i in range(layers)] + ["<post>"]
-    chunks = pp * virtual_stages
-    base, extra = divmod(layers, chunks)
-    stages, pos = [], 1
-    for c in range(chunks):
-        size = base + (1 if c < extra else 0)
-        start, end = pos, pos + size
-        if c == 0:
-            start = 0
-        if c == chunks - 1:
-            end = len(names)
-        pos += size
-        layer_names = tuple(names[start:end])
-        pr = c % pp
-        stages.append(Stage(index=c, layers=(start, end), layer_names=layer_names,
-                            ranks=tuple(range(pr * dp * tp, (pr + 1) * dp * tp)),
-                            mesh_shape=(dp, tp),
-                            checkpoint_layers=tuple(n for n in layer_names
-                                                    if checkpoint and n.startswith("blocks"))))
-    plan = Plan(model=spec.to_dict(), model_fingerprint=spec.fingerprint(),
-                num_params=sum(p.numel() for p in build_model(spec).parameters()),
-                cluster=CLUSTER, global_batch=global_batch, seq_len=seq_len,
-                mesh=MeshSpec(shape=(pp, dp, tp), device_type=device_type), parallel=parallel, stages=stages,
-                param_placements=placements(spec, parallel),
-                precision=precision or {"params": "float32", "compute": "float32",
-                                        "reduce": "float32"},
-                prediction=prediction, planner={"name": "tests.engine_helpers"})
-    plan.validate()
+    graph = _graph(json.dumps(config, sort_keys=True), seq_len)
+    plan = build_plan(graph, spec, CLUSTER if device_type == "cpu" else CLUSTER_GPU, parallel,
+                      global_batch=global_batch, seq_len=seq_len,
+                      precision=precision or {"params": "float32", "compute": "float32",
+                                              "reduce": "float32"},
+                      prediction=prediction, planner={"name": "tests.engine_helpers"})
+    assert plan.mesh.device_type == device_type
     return plan
 
 

@@ -40,7 +40,9 @@ def test_tp_plan_maps_megatron_placements_to_styles():
     assert isinstance(styles["blocks.3.mlp.fc1"], ColwiseParallel)
     row = styles["blocks.0.attn.o"]
     assert isinstance(row, RowwiseParallel) and row.output_layouts == (Replicate(),)
-    assert "tok_emb" not in styles and "head" not in styles and "blocks.0.norm1" not in styles
+    assert "tok_emb" not in styles and "blocks.0.norm1" not in styles
+    head = styles["head"]                          # the planner shards the head's vocabulary
+    assert isinstance(head, ColwiseParallel) and head.output_layouts == (Replicate(),)
 
 
 def test_tp_plan_with_sequence_parallelism():
@@ -53,6 +55,10 @@ def test_tp_plan_with_sequence_parallelism():
     assert isinstance(styles["blocks.2.mlp"], PrepareModuleInput)       # one all-gather
     first = styles["blocks.0"]                                          # Replicate -> Shard(1)
     assert first.input_layouts == (Replicate(),) and first.desired_input_layouts == (Shard(1),)
+    assert styles["head"].input_layouts == (Shard(1),)                 # vocab-parallel head
+    replicated_head = dict(plan.param_placements, **{"head.weight": {"tp": "Replicate()"}})
+    styles = tp_plan(chunk, replicated_head, sequence_parallel=True)
+    assert isinstance(styles["head"], PrepareModuleInput)
     assert styles["head"].desired_input_layouts == (Replicate(),)
     # a later pipeline stage receives the sequence shard already: no slicing there
     later = model_lib.build_chunk(SPEC, ("blocks.2", "blocks.3", "<post>"))
