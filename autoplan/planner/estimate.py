@@ -27,8 +27,8 @@ with T_d the per-micro-batch time of pipeline rank d over its v chunks (Narayana
 Data parallelism: gradients (in the reduce dtype) are all-reduced once per step (ZeRO-1/2: a
 reduce-scatter plus an all-gather, same volume, Rajbhandari et al. 2019), overlapped with the
 last micro-batch's backward; ZeRO-3 also all-gathers parameters before each micro-batch's
-forward and backward (3Ψ traffic), overlapped with that micro-batch's compute. Only the part
-that compute cannot hide is added. The optimizer step reads and writes the Adam state
+forward and backward (3Ψ traffic), overlapped with that micro-batch's compute. The part that
+compute cannot hide is added, plus OVERLAP_COST of the hidden part. The optimizer step reads and writes the Adam state
 per local parameter (Adam: param, grad, two moments; ComputeModel.optimizer_time).
 
 Memory per device (pipeline rank d): model states of its parameters (ZeRO over dp, TP
@@ -50,6 +50,12 @@ from autoplan.cost.memory import activation_bytes, in_flight_micro_batches, mode
 from autoplan.graph import OpGraph
 from autoplan.plan import MemoryBreakdown, ParallelConfig, Prediction, TimeBreakdown
 from autoplan.planner.build import split_layers
+
+# Fraction of an overlapped collective's time that still slows the step. An assumption (no
+# published figure in ../shared/reference/published.md), to be replaced by calibration from
+# measured runs (issue #4); it also makes the planner prefer less traffic when times tie.
+OVERLAP_COST = 0.1
+
 
 @dataclass(frozen=True)
 class _Chunk:
@@ -192,12 +198,12 @@ class Estimator:
             if p.dp > 1:
                 grads = params_local * self.reduce_bytes
                 t_reduce = self.comm.time("all_reduce", grads, dgroup)
-                exposed = max(0.0, t_reduce - last_bwd)
+                exposed = _exposed(t_reduce, last_bwd)
                 if p.zero == 3:
                     t_gather = self.comm.time("all_gather", params_local * 2
                                               if self.precision == "mixed" else params_local * 4,
                                               dgroup)
-                    exposed += m * max(0.0, 2 * t_gather - mb_compute)
+                    exposed += m * _exposed(2 * t_gather, mb_compute)
             dp_exposed.append(exposed)
             shard = p.dp if p.zero >= 1 else 1
             opt_time.append(self.compute.optimizer_time(params_local / shard))
@@ -249,6 +255,14 @@ class Estimator:
         largest = max(layer.stats.params_tp / p.tp + layer.stats.params - layer.stats.params_tp
                       for layer in self.graph.layers)
         return 2 * largest * (2 if self.precision == "mixed" else 4)
+
+
+def _exposed(comm: float, compute: float) -> float:
+    """Time a collective adds when overlapped with ``compute`` seconds of work: what the
+    compute cannot hide, plus OVERLAP_COST of the hidden part (the collective's kernels take
+    SMs and memory bandwidth from the compute they overlap)."""
+    hidden = min(comm, compute)
+    return comm - hidden + OVERLAP_COST * hidden
 
 
 def fits(pred: Prediction) -> bool:
