@@ -146,3 +146,19 @@ print("ok", plan.world_size)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok 1024"
     assert isinstance(Plan.load(path), Plan)
+
+
+def test_user_module_by_import_path():
+    plan = autoplan.optimize("import:tests.user_model:build", "dgx-a100", global_batch=64,
+                             precision="fp32")
+    assert plan.model == {"source": "import", "name": "tests.user_model:build", "config": {}}
+    assert plan.num_params == sum(p.numel() for p in __import__(
+        "tests.user_model", fromlist=["build"]).build().parameters())
+    assert [s.layer_names for s in plan.stages][0][1:4] == ("layers.0", "layers.1", "layers.2")
+
+
+def test_import_path_errors_are_clear():
+    with pytest.raises(ConfigError, match="cannot import 'no_such_pkg.mod'"):
+        autoplan.optimize("import:no_such_pkg.mod:build", "dgx-a100", global_batch=8)
+    with pytest.raises(ConfigError, match="has no attribute 'nope'"):
+        autoplan.optimize("import:tests.user_model:nope", "dgx-a100", global_batch=8)
