@@ -19,6 +19,7 @@ tensor-parallel group, so activations it replicates stay identical.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import time
@@ -56,7 +57,8 @@ class Trainer:
         self.gpt_cfg = GPTConfig.from_dict(spec.config)
         self.seq_len = plan.seq_len or self.gpt_cfg.seq_len
         self.precision, note = resolve_precision(plan, pm.device)
-        self.log(note) if note else None
+        if note:
+            self.log(note)
         self.out_dir = Path(cfg.out_dir)
         self.chunks = [parallelize_stage(plan, spec, s, pm, self.precision, seed=cfg.seed)
                        for s in pm.stages]
@@ -200,8 +202,6 @@ class Trainer:
                             plan_label=self.plan.parallel.label(), plan_source=self.source,
                             device=pm.device.type)
         summary["run_config"] = cfg.to_dict()
-        import json
-
         atomic_write_text(self.out_dir / "summary.json",
                           json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(format_table(summary), flush=True)
@@ -212,8 +212,6 @@ def _truncate_metrics(path: Path, *, keep_until: int) -> None:
     """Drop records after ``keep_until`` (all of them on a fresh start)."""
     if not path.exists():
         return
-    import json
-
     kept = [line for line in path.read_text().splitlines()
             if line.strip() and json.loads(line)["step"] <= keep_until]
     atomic_write_text(path, "".join(line + "\n" for line in kept))

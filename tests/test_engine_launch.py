@@ -72,3 +72,39 @@ def test_torchrun_command_is_the_documented_one(tmp_path):
     assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
                        "-m", "engine.run", "plans/x.json", "--steps", "7", "--out", "runs/x",
                        "--resume"]
+
+
+_STALL = '''
+import os, sys, time
+import torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from engine_helpers import make_plan
+from engine.mesh import build_mesh, init_distributed
+
+plan = make_plan(dp=2)
+device = init_distributed("cpu", 2.0)
+pm = build_mesh(plan, device, 2.0)
+if pm.rank == 1:
+    time.sleep(20)                      # a stuck rank
+    sys.exit(0)
+t0 = time.perf_counter()
+try:
+    dist.all_reduce(torch.ones(1), group=pm.dp_mesh.get_group())
+except Exception as exc:
+    print(f"FAILED after {{time.perf_counter() - t0:.1f}} s: {{type(exc).__name__}}", flush=True)
+    os._exit(3)
+print("NO TIMEOUT", flush=True)
+'''
+
+
+@pytest.mark.multiproc
+def test_mesh_collectives_time_out_instead_of_hanging(tmp_path):
+    script = tmp_path / "stall.py"
+    script.write_text(_STALL.format(tests=str(REPO / "tests")))
+    t0 = time.perf_counter()
+    proc = torchrun(2, [str(script)], timeout=120)
+    assert proc.returncode != 0
+    assert "FAILED after" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    waited = float(proc.stdout.split("FAILED after ")[1].split(" s")[0])
+    assert 1.5 <= waited < 10                 # the configured 2 s, not torch's 30 min default
+    assert time.perf_counter() - t0 < 20 + 60
