@@ -9,7 +9,7 @@ load from other processes hits both alike); the result is the ratio of median st
 The engine's step is what it reports: ``Trainer.train_step`` (data, forward/backward,
 optimizer, loss all-reduce); the hand loop reads its loss with ``.item()``.
 
-    python benchmarks/engine_overhead.py             # writes benchmarks/results/engine_overhead.json
+    python benchmarks/engine_overhead.py     # writes benchmarks/results/engine_overhead.json
 
 Target: engine / hand-written median step time <= 1.10 for every configuration.
 """
@@ -65,7 +65,7 @@ def make_plans(out: Path) -> dict[str, Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6, help="alternating blocks per side")
+    parser.add_argument("--rounds", type=int, default=8, help="alternating blocks per side")
     parser.add_argument("--block", type=int, default=5, help="steps per block")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--worker", nargs=2, metavar=("PLAN", "OUT"), help=argparse.SUPPRESS)

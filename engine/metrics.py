@@ -69,7 +69,8 @@ class StepRecord:
 
 
 class MemoryProbe:
-    """Peak memory of this rank: allocator statistics on accelerators, live tensor storages on CPU."""
+    """Peak memory of this rank: allocator statistics on accelerators, live tensor storages
+    on CPU."""
 
     def __init__(self, device: torch.device, *, enabled: bool):
         self.device, self.enabled = device, enabled

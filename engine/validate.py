@@ -100,6 +100,15 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
     names = [n for st in plan.stages for n in st.layer_names]
     if len(names) != len(set(names)):
         raise PlanError(f"plan {source}: field 'stages': a layer appears in two stages")
+    from autoplan.models.gpt import GPTConfig
+
+    cfg = GPTConfig.from_dict(spec.config)
+    every = ["<pre>", *(f"blocks.{i}" for i in range(cfg.layers)), "<post>"]
+    if names != every:
+        missing = sorted(set(every) - set(names))
+        raise PlanError(f"plan {source}: field 'stages': the stages' layer_names must be "
+                        f"<pre>, blocks.0..blocks.{cfg.layers - 1}, <post> in order"
+                        + (f"; missing {missing}" if missing else ""))
     for key in ("params", "compute", "reduce"):
         value = plan.precision.get(key, "float32")
         if value not in SUPPORTED_DTYPES:
@@ -115,9 +124,6 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
                 raise PlanError(f"plan {source}: field 'param_placements.{fqn}.dp': "
                                 f"{axes['dp']} needs ZeRO-3 and dim 0 (FSDP shards dim 0); "
                                 f"the plan has zero={p.zero}")
-    from autoplan.models.gpt import GPTConfig
-
-    cfg = GPTConfig.from_dict(spec.config)
     seq = plan.seq_len or cfg.seq_len
     if seq > cfg.seq_len:
         raise PlanError(f"plan {source}: field 'seq_len' {seq} exceeds the model's "

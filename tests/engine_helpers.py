@@ -2,9 +2,11 @@
 
 ``make_plan`` asks the planner's builder for a plan (``(pp, dp, tp)`` row-major mesh, blocks
 split evenly over the stages with ``<pre>``/``<post>`` on the first/last, Megatron placements
-from the tracer's tensor-parallel roles), so the engine runs what the planner writes. ``torchrun ... tests/engine_helpers.py OUT [options] -- PLAN...`` trains several
-plans of one world size in a single launch (one process group; each plan gets its own mesh
-and writes ``OUT/<plan stem>/``), which keeps the multi-process tests fast on a small machine.
+from the tracer's tensor-parallel roles), so the engine runs what the planner writes.
+
+``torchrun ... tests/engine_helpers.py OUT [options] -- PLAN...`` trains several plans of one
+world size in a single launch (one process group; each plan gets its own mesh and writes
+``OUT/<plan stem>/``), which keeps the multi-process tests fast on a small machine.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-import torch.nn as nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                RowwiseParallel, SequenceParallel)
@@ -15,7 +14,6 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from autoplan.errors import ConfigError, PlanError
 from autoplan.models.gpt import GPTConfig
 from autoplan.models.registry import ModelSpec, build_model
-from autoplan.plan import MemoryBreakdown, Stage
 from engine import model as model_lib
 from engine.config import RunConfig
 from engine.data import SyntheticTokens, TokenFile, local_batch, make_source
@@ -273,6 +271,12 @@ def test_engine_support_checks():
     plan = make_plan(pp=2, num_micro_batches=2)
     plan.stages[1] = dataclasses.replace(plan.stages[1], ranks=(0,))
     with pytest.raises(PlanError, match=r"stages\[1\].ranks"):
+        check_engine_support(plan, SPEC, "p")
+    plan = make_plan(pp=2, num_micro_batches=2)
+    last = plan.stages[1]
+    plan.stages[1] = dataclasses.replace(last, layer_names=last.layer_names[1:],
+                                         layers=(last.layers[0] + 1, last.layers[1]))
+    with pytest.raises(PlanError, match=r"missing \['blocks.2'\]"):
         check_engine_support(plan, SPEC, "p")
     plan = make_plan(tp=2, model=dict(TINY, heads=3, hidden=36))
     with pytest.raises(PlanError, match=r"tp=2 does not divide the model.s heads \(3\)"):
