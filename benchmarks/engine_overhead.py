@@ -65,8 +65,8 @@ def make_plans(out: Path) -> dict[str, Path]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8, help="alternating blocks per side")
-    parser.add_argument("--block", type=int, default=5, help="steps per block")
+    parser.add_argument("--rounds", type=int, default=20, help="alternating blocks per side")
+    parser.add_argument("--block", type=int, default=2, help="steps per block")
     parser.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--worker", nargs=2, metavar=("PLAN", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
