@@ -24,7 +24,6 @@ class RunConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 0.0             # max global grad norm; 0 disables clipping
     seed: int = 0                      # init, data and dropout seeds derive from it
     # data
     data: str = "synthetic"            # "synthetic" or a path to a uint16 token file (.bin/.npy)
