@@ -3,7 +3,15 @@
 Sources: GPT-2 (Radford et al. 2019, Table 2); GPT-3 (Brown et al. 2020, Table 2.1);
 Megatron-LM SC'21 runs (Narayanan et al. 2021, arXiv 2104.04473, Table 1: sequence 2048,
 vocabulary 51200); Llama 3 (Dubey et al. 2024, arXiv 2407.21783, Table 3: vocabulary 128256,
-GQA with 8 KV heads, FFN 14336 / 28672 / 53248).
+GQA with 8 KV heads, FFN 14336 / 28672 / 53248); Llama 2 (Touvron et al. 2023, arXiv
+2307.09288: vocabulary 32000, context 4096, GQA with 8 KV heads for 70B only; dimensions, FFN
+sizes and rope base 10000 from the released params.json / Hugging Face configs: 7B 4096 x 32
+layers, 32 heads, FFN 11008; 13B 5120 x 40, 40 heads, FFN 13824; 70B 8192 x 80, 64 heads,
+FFN 28672); Mistral 7B (Jiang et al. 2023, arXiv 2310.06825, Table 1: dim 4096, 32 layers,
+head_dim 128, FFN 14336, 32 heads, 8 KV heads, context 8192, vocabulary 32000; rope base
+10000 in v0.1). Mistral's sliding-window attention (window 4096) is not modelled: attention
+is costed as full causal attention over the sequence, which over-counts it beyond 4096
+tokens.
 """
 
 from __future__ import annotations
@@ -44,6 +52,15 @@ _LLAMA3 = {
 }
 
 
+# name: (hidden, layers, heads, kv_heads, ffn, seq_len)
+_LLAMA2_MISTRAL = {
+    "llama2-7b": (4096, 32, 32, None, 11008, 4096),
+    "llama2-13b": (5120, 40, 40, None, 13824, 4096),
+    "llama2-70b": (8192, 80, 64, 8, 28672, 4096),
+    "mistral-7b": (4096, 32, 32, 8, 14336, 8192),
+}
+
+
 def register_all() -> None:
     # A model small enough to train on this machine's CPU in seconds (the demo's default).
     register_preset("gpt-tiny", "gpt", dict(vocab_size=512, seq_len=64, hidden=64, layers=4,
@@ -62,3 +79,7 @@ def register_all() -> None:
         register_preset(name, "gpt", dict(vocab_size=128256, seq_len=8192, hidden=h, layers=l,
                                           heads=a, kv_heads=kv, ffn_hidden=f, style="llama",
                                           rope_theta=500000.0))
+    for name, (h, l, a, kv, f, seq) in _LLAMA2_MISTRAL.items():
+        register_preset(name, "gpt", dict(vocab_size=32000, seq_len=seq, hidden=h, layers=l,
+                                          heads=a, kv_heads=kv, ffn_hidden=f, style="llama",
+                                          rope_theta=10000.0))

@@ -1,0 +1,125 @@
+"""Export a plan as Megatron-LM command-line arguments (a bash array for ``pretrain_gpt.py``).
+
+Mapping (Megatron-LM ``megatron/training/arguments.py``):
+
+* ``--tensor-model-parallel-size tp``, ``--pipeline-model-parallel-size pp``; the
+  data-parallel size is implied (world size / (tp x pp)).
+* interleaved 1F1B with v chunks per rank -> ``--num-layers-per-virtual-pipeline-stage
+  L / (pp v)``; Megatron then needs the micro-batch count to be a multiple of pp.
+* ``--sequence-parallel``; ``--micro-batch-size``; ``--global-batch-size``.
+* full recomputation of every block -> ``--recompute-granularity full --recompute-method
+  uniform --recompute-num-layers 1``.
+* ZeRO-1 -> ``--use-distributed-optimizer``; bf16 compute -> ``--bf16``.
+* the built-in GPT / Llama model -> ``--num-layers --hidden-size --num-attention-heads
+  --ffn-hidden-size --seq-length --max-position-embeddings`` (+ ``--group-query-attention
+  --num-query-groups --swiglu --normalization RMSNorm --position-embedding-type rope
+  --disable-bias-linear`` for Llama style).
+
+Not expressible: ZeRO-2 / ZeRO-3 (the distributed optimizer shards optimizer states only),
+the GPipe schedule (Megatron runs 1F1B), stages with unequal block counts (Megatron splits
+layers evenly), recomputing only some blocks, per-stage meshes.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, device_note,
+                                    gpt_config, uniform_layout)
+from autoplan.models.names import describe
+from autoplan.plan import Plan
+
+TARGET = "Megatron-LM"
+
+
+def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
+    """([(flag, value...), ...], notes) for ``plan``; NotExpressibleError if it cannot be."""
+    layout = uniform_layout(plan, TARGET)
+    p = plan.parallel
+    reasons = []
+    if p.zero in (2, 3):
+        reasons.append(f"ZeRO-{p.zero} (parallel.zero = {p.zero}): Megatron-LM's distributed "
+                       "optimizer shards optimizer states only (ZeRO-1); export --to "
+                       "deepspeed or torchtitan, or plan with zero <= 1")
+    if p.pp > 1 and p.schedule == "gpipe":
+        reasons.append("the GPipe schedule: Megatron-LM runs 1F1B (interleaved with virtual "
+                       "stages)")
+    if p.pp > 1 and not layout.even:
+        reasons.append(f"unequal blocks per stage {list(layout.blocks_per_chunk)}: Megatron-LM "
+                       f"splits {layout.num_layers} layers evenly over {len(plan.stages)} "
+                       "(virtual) stages")
+    if p.virtual_stages > 1 and p.num_micro_batches % p.pp:
+        reasons.append(f"{p.num_micro_batches} micro-batches with the interleaved schedule: "
+                       f"Megatron-LM needs a multiple of pp = {p.pp}")
+    if reasons:
+        raise NotExpressibleError(TARGET, reasons)
+
+    notes = device_note(plan)
+    args: list[tuple[str, ...]] = [
+        ("--tensor-model-parallel-size", str(p.tp)),
+        ("--pipeline-model-parallel-size", str(p.pp)),
+    ]
+    if p.virtual_stages > 1:
+        args.append(("--num-layers-per-virtual-pipeline-stage",
+                     str(layout.blocks_per_chunk[0])))
+    if p.sequence_parallel:
+        args.append(("--sequence-parallel",))
+    args += [("--micro-batch-size", str(p.micro_batch)),
+             ("--global-batch-size", str(plan.global_batch))]
+    if layout.checkpoint:
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", "1")]
+    if p.zero == 1:
+        args.append(("--use-distributed-optimizer",))
+    dtype = compute_dtype(plan)
+    if dtype == "bfloat16":
+        args.append(("--bf16",))
+    elif dtype == "float16":
+        args.append(("--fp16",))
+    if plan.seq_len:
+        args.append(("--seq-length", str(plan.seq_len)))
+    cfg = gpt_config(plan)
+    if cfg is None:
+        notes.append(f"{describe(plan.model)} is not a built-in GPT: add its model arguments "
+                     "(--num-layers, --hidden-size, ...) yourself")
+    else:
+        args += _model_args(cfg)
+        notes.append(f"vocabulary: the plan's model has {cfg.vocab_size} entries; Megatron-LM "
+                     "takes it from the tokenizer, padded to --make-vocab-size-divisible-by "
+                     "x tp")
+    return args, notes
+
+
+def _model_args(cfg) -> list[tuple[str, ...]]:
+    args = [("--num-layers", str(cfg.layers)), ("--hidden-size", str(cfg.hidden)),
+            ("--num-attention-heads", str(cfg.heads)), ("--ffn-hidden-size", str(cfg.ffn)),
+            ("--max-position-embeddings", str(cfg.seq_len)),
+            ("--norm-epsilon", repr(cfg.norm_eps)),
+            ("--attention-dropout", repr(cfg.dropout)), ("--hidden-dropout", repr(cfg.dropout))]
+    if cfg.kv_heads and cfg.kv_heads != cfg.heads:
+        args += [("--group-query-attention",), ("--num-query-groups", str(cfg.kv_heads))]
+    if cfg.style == "llama":
+        args += [("--swiglu",), ("--normalization", "RMSNorm"),
+                 ("--position-embedding-type", "rope"), ("--rotary-base", f"{cfg.rope_theta:g}"),
+                 ("--disable-bias-linear",)]
+    if not cfg.tie_embeddings:
+        args.append(("--untie-embeddings-and-output-weights",))
+    return args
+
+
+def to_megatron(plan: Plan) -> Export:
+    args, notes = megatron_args(plan)
+    p = plan.parallel
+    cl = plan.cluster
+    lines = ["#!/bin/bash",
+             "# Megatron-LM arguments written by `autoplan export --to megatron`",
+             f"# plan: {describe(plan.model)}, {p.label()}",
+             f"# launch on {cl.get('nodes')} nodes x {cl.get('devices_per_node')} GPUs = "
+             f"{plan.world_size} ranks; data-parallel size {p.dp} = {plan.world_size} / "
+             f"(tp {p.tp} x pp {p.pp}) is implied",
+             "MEGATRON_PARALLEL_ARGS=("]
+    lines += ["    " + " ".join(shlex.quote(a) for a in arg) for arg in args]
+    lines += [")",
+              "# torchrun --nnodes ... --nproc_per_node ... pretrain_gpt.py \\",
+              '#     "${MEGATRON_PARALLEL_ARGS[@]}" <data, tokenizer, optimizer arguments>']
+    return Export(TARGET, "\n".join(lines) + "\n", tuple(notes), ".sh")

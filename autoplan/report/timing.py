@@ -1,0 +1,130 @@
+"""Per-stage forward / backward times of a plan, per micro-batch: what the timeline draws.
+
+A plan's :class:`~autoplan.plan.Prediction` holds the step's totals, not the time of each
+stage. :func:`stage_timing` gets them from the planner's own cost function
+(:class:`~autoplan.planner.estimate.Estimator`), re-tracing the plan's model on the meta
+device (:func:`autoplan.api.prepare`; a few seconds) unless the caller passes the traced
+:class:`~autoplan.api.Problem`. If the model cannot be rebuilt here (an ``import:`` model
+whose package is missing, say), it falls back to an approximation from the prediction's
+breakdown: every chunk equal, backward twice the forward (Narayanan et al. 2021, sec. 3.2),
+and says so in :attr:`StageTiming.note`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoplan.errors import AutoplanError
+from autoplan.plan import Plan
+
+#: Relative difference between the re-estimated and the recorded step time worth a note.
+DRIFT_NOTE = 0.01
+
+
+@dataclass(frozen=True)
+class ChunkTime:
+    """Seconds per micro-batch of one model chunk (pipeline stage) on each of its devices."""
+
+    forward: float              # forward compute
+    backward: float             # backward compute
+    recompute: float = 0.0      # forward recomputed in backward (activation checkpointing)
+    tp_forward: float = 0.0     # tensor-parallel collectives of the forward
+    tp_backward: float = 0.0    # ... of the backward
+    tp_recompute: float = 0.0   # ... of the recomputed forward
+    send: float = 0.0           # output sent to the next stage (its gradient comes back)
+
+    @property
+    def forward_block(self) -> float:
+        """A forward in the timeline: compute, TP collectives, the send."""
+        return self.forward + self.tp_forward + self.send
+
+    @property
+    def backward_block(self) -> float:
+        """A backward in the timeline, the recomputed forward included."""
+        return (self.backward + self.recompute + self.tp_backward + self.tp_recompute
+                + self.send)
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    chunks: tuple[ChunkTime, ...]      # one per plan stage (model chunk), in stage order
+    source: str                        # "estimator" or "approximate"
+    note: str = ""                     # how the figures were obtained, or a caveat
+
+
+class ReportError(AutoplanError):
+    """A report cannot be made from this plan; the message says why."""
+
+
+def stage_timing(plan: Plan, problem=None) -> StageTiming:
+    """Per-chunk times of ``plan``: from the Estimator, or approximated (see module doc).
+
+    ``problem``: the plan's model already traced for its cluster
+    (:func:`autoplan.api.prepare`), to skip re-tracing.
+    """
+    try:
+        problem = problem or _retrace(plan)
+    except (AutoplanError, ImportError, RuntimeError) as exc:
+        if plan.prediction is None:
+            raise ReportError(f"the plan has no prediction and its model cannot be traced "
+                              f"here to estimate one ({exc})") from None
+        return _approximate(plan, f"model not re-traced ({exc}); per-stage times "
+                                  "approximated from the plan's time breakdown")
+    return _from_estimator(plan, problem)
+
+
+def _retrace(plan: Plan):
+    from autoplan.api import prepare
+    from autoplan.cluster import Cluster
+    from autoplan.models.registry import ModelSpec
+
+    spec = ModelSpec.from_dict(plan.model)
+    cluster = Cluster.from_dict(plan.cluster)
+    compute = (plan.precision or {}).get("compute", "float32")
+    precision = "mixed" if compute in ("bfloat16", "float16") else "fp32"
+    return prepare(spec, cluster, global_batch=plan.global_batch, seq_len=plan.seq_len,
+                   precision=precision)
+
+
+def _from_estimator(plan: Plan, problem) -> StageTiming:
+    p = plan.parallel
+    est = problem.estimator()
+    pp_cross = est.pp_link(p).ranks_per_node == 1
+    last = len(plan.stages) - 1
+    chunks = []
+    for st in plan.stages:
+        tp = st.mesh_shape[-1] if len(st.mesh_shape) == 2 else p.tp
+        ckpt = bool(st.checkpoint_layers)
+        # The Estimator's per-chunk cost: the same numbers the planner composed into the
+        # plan's prediction (a public per-stage field on Prediction would make this a read).
+        c = est._chunk(st.layers[0], st.layers[1], tp, p.sequence_parallel, p.micro_batch,
+                       ckpt, st.index == last, pp_cross)
+        chunks.append(ChunkTime(forward=c.fwd, backward=c.bwd,
+                                recompute=c.fwd if ckpt else 0.0, tp_forward=c.tp_fwd,
+                                tp_backward=c.tp_bwd, tp_recompute=c.tp_fwd if ckpt else 0.0,
+                                send=c.send))
+    note = "per-stage times from the planner's Estimator (model re-traced on the meta device)"
+    if plan.prediction is not None:
+        again = est.predict(p).step_time_s
+        drift = abs(again - plan.prediction.step_time_s) / plan.prediction.step_time_s
+        if drift > DRIFT_NOTE:
+            note += (f"; re-estimated step time {again:.4g} s differs from the plan's "
+                     f"{plan.prediction.step_time_s:.4g} s by {100 * drift:.1f}% (cost model "
+                     "or profiles changed since planning)")
+    return StageTiming(tuple(chunks), "estimator", note)
+
+
+def _approximate(plan: Plan, note: str) -> StageTiming:
+    p = plan.parallel
+    t = plan.prediction.time
+    m, v = p.num_micro_batches, p.virtual_stages
+    per = m * v                                # chunk-micro-batches on the slowest rank
+    compute = t.compute / per
+    tp = t.tp_comm / per
+    recompute = t.recompute / per
+    tp_share = tp / (3 if recompute else 2)
+    chunk = ChunkTime(forward=compute / 3, backward=2 * compute / 3, recompute=recompute,
+                      tp_forward=tp_share, tp_backward=tp_share,
+                      tp_recompute=tp_share if recompute else 0.0,
+                      send=t.pp_comm / per / 2)
+    return StageTiming(tuple(chunk for _ in plan.stages), "approximate", note)
