@@ -67,7 +67,7 @@ class Export:
 
 def _unknown_fields(obj: Any, where: str) -> list[str]:
     """Fields of ``obj`` (a dataclass) outside KNOWN_FIELDS whose value is not the default."""
-    known = KNOWN_FIELDS[type(obj)]
+    known = next(names for cls, names in KNOWN_FIELDS.items() if isinstance(obj, cls))
     out = []
     for f in fields(obj):
         if f.name in known:
