@@ -167,7 +167,10 @@ def test_command_writes_html_and_pngs(tmp_path, capsys):
     assert doc["html"] == str(out) and out.stat().st_size > 50_000
     assert doc["sections"] == list(SECTIONS) and len(doc["pngs"]) == 4
     assert doc["simulated_step_s"] == pytest.approx(doc["predicted_step_s"], rel=0.02)
-    assert run_cli(["report", str(path), "--no-html"]) == 2
-    assert capsys.readouterr().err.startswith("error: ")
+    assert run_cli(["report", str(path), "--png", str(tmp_path / "only"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["html"] is None and len(doc["pngs"]) == 4
+    assert run_cli(["report", str(path), "--top-k", "-1"]) == 2
+    assert capsys.readouterr().err.startswith("error: field '--top-k'")
     assert run_cli(["report", str(tmp_path / "missing.json")]) == 2
     assert "cannot read plan" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
     autoplan report plan.json                       # -> report.html
     autoplan report plan.json -o out/plan.html --png out/figures
-    autoplan report plan.json --png figures --no-html --json
+    autoplan report plan.json --png figures --json  # PNGs only
 
 Figures: ``mesh.png`` (devices coloured by stage), ``timeline.png`` (one step of the
 pipeline schedule), ``memory.png`` (per-stage memory against the device limit), ``time.png``
@@ -25,10 +25,10 @@ def add_report_command(subparsers: argparse._SubParsersAction) -> argparse.Argum
                               epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("plan", help="plan JSON file")
-    p.add_argument("-o", "--output", default="report.html",
-                   help="HTML file (default report.html); self-contained, images embedded")
-    p.add_argument("--png", metavar="DIR", help="also write each figure as DIR/NAME.png")
-    p.add_argument("--no-html", action="store_true", help="write only the PNGs (needs --png)")
+    p.add_argument("-o", "--output",
+                   help="HTML file, self-contained with the images embedded (default "
+                        "report.html, unless only --png is given)")
+    p.add_argument("--png", metavar="DIR", help="write each figure as DIR/NAME.png")
     p.add_argument("--top-k", type=int, default=8, help="alternatives to show (default 8)")
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=cmd_report)
@@ -39,14 +39,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     from autoplan.plan import Plan
     from autoplan.report import build_report, write_report
 
-    if args.no_html and not args.png:
-        raise ConfigError("--no-html leaves nothing to write; add --png DIR", field="--no-html")
     if args.top_k < 0:
         raise ConfigError(f"must be >= 0, got {args.top_k}", field="--top-k")
     plan = Plan.load(args.plan)
     report = build_report(plan, top_k=args.top_k)
-    written = write_report(report, html_path=None if args.no_html else args.output,
-                           png_dir=args.png)
+    html_path = args.output or (None if args.png else "report.html")
+    written = write_report(report, html_path=html_path, png_dir=args.png)
     summary = {**written, "sections": [s.id for s in report.sections],
                "figures": sorted(report.figures), "timing": report.timing.source,
                "simulated_step_s": report.step.step_s,

@@ -120,7 +120,9 @@ def memory_figure(plan: Plan, groups: tuple[tuple[int, ...], ...]) -> Figure | N
     ax.set_title("Predicted memory per device by pipeline stage (the device that needs most "
                  "in each stage)", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-    fig.legend(loc="outside right upper", fontsize=9, frameon=False)
+    handles, labels = ax.get_legend_handles_labels()      # top of the legend = top of a bar
+    fig.legend(handles[::-1], labels[::-1], loc="outside right upper", fontsize=9,
+               frameon=False)
     return fig
 
 

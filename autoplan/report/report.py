@@ -115,6 +115,7 @@ def _summary(plan: Plan) -> Section:
             ("precision", ", ".join(f"{k} {v}" for k, v in sorted(plan.precision.items())))]
     pred = plan.prediction
     if pred is not None:
+        fits = "fits" if pred.memory.total <= pred.memory_limit_bytes else "does NOT fit"
         parts = pred.time.to_dict()
         total = parts.pop("total") or 1.0
         rows += [("step time", f"{pred.step_time_s:.4g} s"),
@@ -125,7 +126,7 @@ def _summary(plan: Plan) -> Section:
                  ("MFU", f"{100 * pred.mfu:.1f} %"),
                  ("memory per device", f"{pred.memory.total / GB:.2f} GB of "
                                        f"{pred.memory_limit_bytes / GB:.0f} GB "
-                                       f"({'fits' if pred.memory.total <= pred.memory_limit_bytes else 'does NOT fit'})"),
+                                       f"({fits})"),
                  ("time breakdown", ", ".join(f"{k} {100 * v / total:.0f}%"
                                               for k, v in parts.items() if v > 0))]
     planner = plan.planner

@@ -2,9 +2,9 @@
 
 One row per pipeline rank; a block per forward (F) and backward (B) of each model chunk and
 micro-batch, placed where :mod:`autoplan.report.schedule` simulates it; the recomputed
-forward inside a backward is hatched (where blocks are wide enough to see it); then each rank's exposed gradient reduction and the
-optimizer step. Forwards and backwards of a rank's first, second, ... chunk (interleaved
-1F1B) get their own colour pair. With many micro-batches a second panel zooms into the
+forward inside a backward is hatched (where blocks are wide enough to see it); then each
+rank's exposed gradient reduction and the optimizer step. Forwards and backwards of a
+rank's first, second, ... chunk (interleaved 1F1B) get their own colour pair. With many micro-batches a second panel zooms into the
 start of the step (warm-up and the first steady-state operations), where block numbers
 (micro-batches, 1-based) are legible.
 """
@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from autoplan.plan import Plan
-from autoplan.report.schedule import BACKWARD, FORWARD, Block, round_size
+from autoplan.report.schedule import BACKWARD, FORWARD, Block
 from autoplan.report.step import StepModel
 from autoplan.report.style import PART_COLORS, new_figure, plural, time_unit
 from autoplan.report.timing import StageTiming
@@ -52,15 +52,16 @@ def timeline_figure(plan: Plan, timing: StageTiming, step: StepModel) -> Figure:
     _draw(fig, axes[0], step, timing, ends, scale, pp, 0.0, step.step_s * 1.01,
           edges=per_rank <= ZOOM_ABOVE * 2)
     pred = plan.prediction.step_time_s if plan.prediction else None
+    micro = plural(p.num_micro_batches, "micro-batch", "micro-batches")
     title = (f"One training step, {p.schedule}: {plural(pp, 'pipeline rank')} × "
-             f"{plural(v, 'chunk')}, {plural(p.num_micro_batches, 'micro-batch', 'micro-batches')} of "
-             f"{p.micro_batch}; simulated {step.step_s * scale:.4g} {unit}")
+             f"{plural(v, 'chunk')}, {micro} of {p.micro_batch}; "
+             f"simulated {step.step_s * scale:.4g} {unit}")
     if pred is not None:
         title += f" (plan's prediction {pred * scale:.4g} {unit})"
     axes[0].set_title(title + "\nnumbers: micro-batch; dashed line: end of step", fontsize=10)
     if zoom:
         first = sorted((b for b in step.blocks if b.rank == 0), key=lambda b: b.start)
-        warmup = 2 * (pp - 1) + (v - 1) * round_size(pp, p.num_micro_batches)
+        warmup = next((i for i, b in enumerate(first) if b.kind == BACKWARD), len(first))
         k = min(len(first), warmup + 2 * pp + 4)
         t_end = first[k - 1].end
         _draw(fig, axes[1], step, timing, ends, scale, pp, 0.0, t_end, edges=True)
