@@ -10,6 +10,9 @@
     autoplan trace llama3-8b --seq-len 8192
     autoplan run plan.json --steps 20
     autoplan profile ops gpt-small --tp 1,2 | autoplan profile links --nproc 4
+    autoplan report plan.json -o report.html
+    autoplan export plan.json --to torchtitan|megatron|deepspeed
+    autoplan launch plan.json --master-addr HOST [--slurm -o job.sbatch]
     autoplan models | autoplan clusters
 
 Every command takes ``--json`` for machine-readable output. Errors a user can cause print
@@ -135,8 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     from autoplan.profile.cli import add_profile_commands
+    from autoplan.workflow_cli import add_workflow_commands
 
     add_profile_commands(sub)
+    add_workflow_commands(sub)
 
     p = sub.add_parser("models", help="list built-in models and presets")
     p.add_argument("--json", action="store_true")
