@@ -61,7 +61,9 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
     console = console or Console()
     cl = plan.cluster
     device = (cl.get("device") or {}).get("name", "?")
-    console.print(f"[bold]{title}[/bold]: {plan.model.get('name')} "
+    from autoplan.models.names import describe
+
+    console.print(f"[bold]{title}[/bold]: {describe(plan.model)} "
                   f"({plan.num_params / 1e9:.2f}B params) on {cl.get('nodes')} x "
                   f"{cl.get('devices_per_node')} {device}, global batch {plan.global_batch}, "
                   f"seq {plan.seq_len}")
