@@ -3,6 +3,7 @@
     autoplan profile ops gpt-small --batch-size 1,2,4,8 --tp 1,2,4          # -> profiles/ops/<device>.json
     autoplan profile ops gpt-7.5b --seq-len 2048 --device cuda --dtype bfloat16 --tp 1,2,4,8
     autoplan profile links --nproc 4 --out profiles/links/local-cpu.json --group-sizes 4
+    autoplan profile ops gpt-tiny --batch-size 1,2,4,8 --tp 1,2,4 --statistic min --repeats 15
 
 ``add_profile_commands(subparsers)`` registers them on the main parser's subparsers; each
 sets ``func(args) -> int``. ``links`` starts torchrun for this machine
@@ -47,9 +48,13 @@ def add_profile_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
                           "default)")
     ops.add_argument("--warmup", type=int, default=3)
     ops.add_argument("--repeats", type=int, default=7)
+    ops.add_argument("--statistic", choices=("median", "min"), default="median",
+                     help="of the repetitions (min: on a machine shared with other work)")
     ops.add_argument("--flush-every", type=int, default=16,
                      help="write to the file after this many signatures (resume point)")
     ops.add_argument("--limit", type=int, help="time at most this many new signatures")
+    ops.add_argument("--redo", action="store_true",
+                     help="time every signature again, replacing the file's entries")
     ops.add_argument("--json", action="store_true", help="print the report as JSON")
     ops.set_defaults(func=cmd_profile_ops)
 
@@ -58,11 +63,14 @@ def add_profile_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
     links.add_argument("--out", type=Path,
                        help="link profile (default profiles/links/local-<cpu|cuda>.json)")
     links.add_argument("--device", choices=("cpu", "cuda"))
-    links.add_argument("--max-bytes", help="largest message, e.g. 32M (default 32M CPU, "
+    links.add_argument("--max-bytes", help="largest message, e.g. 32M (default 16M CPU, "
                                            "512M CUDA)")
     links.add_argument("--time-budget", type=float, help="seconds for the run (default 90)")
     links.add_argument("--group-sizes", help="comma list (default: powers of two that fit)")
     links.add_argument("--collectives", help="comma list (default: all five)")
+    links.add_argument("--repeats", type=int, help="repetitions per point (default 9)")
+    links.add_argument("--statistic", choices=("median", "min"),
+                       help="of the repetitions (default median; min on a shared machine)")
     links.set_defaults(func=cmd_profile_links)
     return p
 
@@ -113,9 +121,10 @@ def cmd_profile_ops(args: argparse.Namespace) -> int:
     graphs = [trace(spec, b, args.seq_len, dtype=dtype) for b in args.batch_size]
     report = profile_ops(itertools.chain.from_iterable(graphs), out, tp_degrees=args.tp,
                          device=args.device,
-                         timing=TimingConfig(warmup=args.warmup, repeats=args.repeats),
+                         timing=TimingConfig(warmup=args.warmup, repeats=args.repeats,
+                                             statistic=args.statistic),
                          threads=args.threads or None, flush_every=args.flush_every,
-                         max_new=args.limit, progress=not args.json)
+                         max_new=args.limit, progress=not args.json, redo=args.redo)
     summary = {"file": str(report.path), "device": report.device,
                "signatures": report.signatures, "measured": report.measured,
                "already_there": report.skipped, "failed": report.failed,
@@ -140,7 +149,8 @@ def links_command(args: argparse.Namespace) -> list[str]:
            "--out", str(out), "--device", device]
     for flag, value in (("--max-bytes", args.max_bytes), ("--time-budget", args.time_budget),
                         ("--group-sizes", args.group_sizes),
-                        ("--collectives", args.collectives)):
+                        ("--collectives", args.collectives), ("--repeats", args.repeats),
+                        ("--statistic", args.statistic)):
         if value is not None:
             cmd += [flag, str(value)]
     return cmd

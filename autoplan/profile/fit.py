@@ -17,6 +17,15 @@ fitted by weighted least squares on the design matrix ``[1, x]``. Rows are weigh
 ``sqrt(w)/t`` (relative error), with ``w = 1 + x / 1 MB`` so that messages of a megabyte
 and more, where bandwidth dominates, count more than the many latency-bound small ones. A
 negative alpha (noise on tiny messages) is clamped to zero and beta refitted alone.
+
+One line does not always follow a link over six decades of sizes: NCCL switches protocols
+(LL, LL128, Simple) with the size, and on a CPU "link" (gloo over loopback, i.e. memcpy)
+messages that fit in the caches move faster than those that stream from DRAM.
+:func:`fit_segments` therefore also fits a piecewise model — the same alpha-beta form on
+contiguous size ranges — with the fewest segments (up to 3, each of >= 3 sizes, breaking
+only at 64 KiB and above: below, everything is latency) whose largest relative error on
+the points of >= 1 MB is within 15%; breakpoints by dynamic programming over the sorted
+sizes, minimising the weighted squared relative error.
 """
 
 from __future__ import annotations
@@ -95,14 +104,108 @@ def max_relative_error(fit: AlphaBeta, collective: str, nbytes: np.ndarray,
     return float(np.max(np.abs(pred - meas) / meas))
 
 
+@dataclass(frozen=True)
+class SegmentFit:
+    """An alpha-beta fit valid for messages of ``min_bytes`` .. ``max_bytes``."""
+
+    min_bytes: int
+    max_bytes: int
+    fit: AlphaBeta
+
+
+def fit_segments(collective: str, nbytes: np.ndarray, group_size: np.ndarray,
+                 time_s: np.ndarray, *, max_segments: int = 3, min_sizes: int = 3,
+                 target: float = 0.15, min_break: int = 64 * 1024) -> list[SegmentFit]:
+    """Piecewise alpha-beta fit over message-size ranges (module docstring)."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    group_size = np.broadcast_to(np.asarray(group_size), nbytes.shape)
+    time_s = np.asarray(time_s, dtype=float)
+    sizes = np.unique(nbytes)
+    m = len(sizes)
+    cost: dict[tuple[int, int], tuple[float, AlphaBeta] | None] = {}
+
+    def segment(i: int, j: int) -> tuple[float, AlphaBeta] | None:
+        """Fit of sizes[i:j] and its weighted squared relative error (None: no fit)."""
+        if (i, j) not in cost:
+            keep = (nbytes >= sizes[i]) & (nbytes <= sizes[j - 1])
+            try:
+                ab = fit_alpha_beta(collective, nbytes[keep], group_size[keep], time_s[keep])
+            except AutoplanError:
+                cost[(i, j)] = None
+            else:
+                x = nbytes[keep]
+                rel = (ab.predict(collective, x, group_size[keep]) - time_s[keep]) / time_s[keep]
+                cost[(i, j)] = (float(np.sum((1.0 + x / MB) * rel ** 2)), ab)
+        return cost[(i, j)]
+
+    best: list[SegmentFit] = []
+    for k in range(1, max_segments + 1):
+        first_break = int(np.searchsorted(sizes, min_break))
+        split = _best_split(m, k, min_sizes, segment, first_break)
+        if split is None:
+            continue
+        best = [SegmentFit(int(sizes[i]), int(sizes[j - 1]), segment(i, j)[1]) for i, j in split]
+        if (segmented_error(best, collective, nbytes, group_size, time_s) or 0.0) <= target:
+            break
+    return best
+
+
+def _best_split(m: int, k: int, min_sizes: int, segment, first_break: int
+                ) -> list[tuple[int, int]] | None:
+    """Cut sizes[0:m] into k contiguous runs of >= min_sizes, cutting nowhere below index
+    ``first_break``, minimising the summed cost."""
+    inf = float("inf")
+    table = [[(inf, -1)] * (m + 1) for _ in range(k + 1)]
+    table[0][0] = (0.0, -1)
+    for seg in range(1, k + 1):
+        for j in range(seg * min_sizes, m + 1):
+            for i in range((seg - 1) * min_sizes, j - min_sizes + 1):
+                if 0 < i < first_break:
+                    continue
+                prev = table[seg - 1][i][0]
+                fit = segment(i, j) if prev < inf else None
+                if fit is not None and prev + fit[0] < table[seg][j][0]:
+                    table[seg][j] = (prev + fit[0], i)
+    if table[k][m][0] == inf:
+        return None
+    cuts, j = [], m
+    for seg in range(k, 0, -1):
+        i = table[seg][j][1]
+        cuts.append((i, j))
+        j = i
+    return cuts[::-1]
+
+
+def segment_for(segments: list[SegmentFit], nbytes: float) -> SegmentFit:
+    """The segment whose range holds ``nbytes`` (the first below, the last above all)."""
+    chosen = segments[0]
+    for seg in segments:
+        if nbytes >= seg.min_bytes:
+            chosen = seg
+    return chosen
+
+
+def segmented_error(segments: list[SegmentFit], collective: str, nbytes: np.ndarray,
+                    group_size: np.ndarray, time_s: np.ndarray, *, min_bytes: int = MB
+                    ) -> float | None:
+    """max relative error of the piecewise model over points with ``bytes >= min_bytes``."""
+    worst = None
+    for b, n, t in zip(np.asarray(nbytes, dtype=float), np.broadcast_to(group_size, np.shape(nbytes)),
+                       np.asarray(time_s, dtype=float)):
+        if b >= min_bytes:
+            pred = float(segment_for(segments, b).fit.predict(collective, b, n))
+            worst = max(worst or 0.0, abs(pred - t) / t)
+    return worst
+
+
 def fit_link_points(points, source: str) -> tuple[list, list[str]]:
     """Fits for measured :class:`~autoplan.profile.store.LinkPoint` s: one per
     (collective, level, group size) and one pooled per (collective, level) — the pooled fit
-    is what ``LinkProfile.fitted_table`` hands the cost model. Each records its max relative
-    error on its own points of >= 1 MB. Returns (fits, problems): a set of points that no
-    bandwidth fits (time flat in size: too few or too small messages) is reported, not
-    fitted."""
-    from autoplan.profile.store import LinkFit
+    is what ``LinkProfile.fitted_table`` hands the cost model — each with its piecewise
+    refinement (:func:`fit_segments`) and the max relative errors of both on its own points
+    of >= 1 MB. Returns (fits, problems): a set of points that no bandwidth fits (time flat
+    in size: too few or too small messages) is reported, not fitted."""
+    from autoplan.profile.store import LinkFit, LinkSegment
 
     groups: dict[tuple[str, str, int | None], list] = {}
     for p in points:
@@ -119,8 +222,13 @@ def fit_link_points(points, source: str) -> tuple[list, list[str]]:
         except AutoplanError as exc:
             problems.append(f"{level} group size {n or 'all'}: {exc}")
             continue
-        fits.append(LinkFit(collective=collective, level=level, group_size=n,
-                            alpha_s=ab.alpha_s, busbw_gbps=ab.busbw_gbps, points=len(pts),
-                            max_rel_err_ge_1mb=max_relative_error(ab, collective, b, g, t),
-                            source=source))
+        segs = fit_segments(collective, b, g, t)
+        fits.append(LinkFit(
+            collective=collective, level=level, group_size=n, alpha_s=ab.alpha_s,
+            busbw_gbps=ab.busbw_gbps, points=len(pts),
+            max_rel_err_ge_1mb=max_relative_error(ab, collective, b, g, t), source=source,
+            segments=tuple(LinkSegment(s.min_bytes, s.max_bytes, s.fit.alpha_s,
+                                       s.fit.busbw_gbps) for s in segs) if len(segs) > 1 else (),
+            segments_max_rel_err_ge_1mb=segmented_error(segs, collective, b, g, t)
+            if len(segs) > 1 else None))
     return fits, problems

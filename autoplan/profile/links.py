@@ -22,10 +22,23 @@ Nodes are told apart by hostname and torchrun's ``GROUP_RANK``; on one machine o
 intra level exists, and the file says so. Sizes follow nccl-tests: ``bytes`` is the whole
 buffer (all-gather: the gathered output; reduce-scatter: the input; all-to-all: one rank's
 buffer). Each point is the median over ``--repeats`` repetitions of the per-call time, each
-repetition the slowest rank's (``all_reduce(MAX)``), after warm-up; algbw = bytes / time,
-busbw = algbw · factor (:mod:`autoplan.profile.fit`). ``--time-budget`` bounds the whole
-run: each (group, collective) gets an equal share and stops before a size that would
-overrun it.
+repetition the slowest rank's (``all_reduce(MAX)``), after warm-up, the repetitions of all
+sizes interleaved; algbw = bytes / time, busbw = algbw · factor (:mod:`autoplan.profile.fit`).
+``--statistic min`` takes the fastest repetition instead: on a machine shared with other
+work, contention only ever adds time, so the minimum is the reproducible figure of the link
+itself (the median of a loaded 2-core machine moved by 2x between runs; the minimum by
+~20%). Both are stored with every point.
+``--time-budget`` bounds the whole run: each (group, collective) gets an equal share and
+drops the sizes that would overrun it.
+
+Why 16 MiB on CPU by default: gloo allocates a temporary buffer of the full message per
+all-gather / reduce-scatter call, and glibc serves allocations of 32 MiB and more with a
+fresh ``mmap`` (its largest dynamic mmap threshold), so every such call page-faults its
+buffer in again: measured here, a 2-rank all-gather of 32 MiB took ~50-75 ms against
+~9-12 ms for 16 MiB (15 ms with ``MALLOC_MMAP_THRESHOLD_=268435456``). That cliff is a
+property of the allocator, not of the link; an alpha-beta fit cannot follow it. Measure
+past it with ``--max-bytes`` (and set ``MALLOC_MMAP_THRESHOLD_`` in both the benchmark's and
+the training job's environment to remove it).
 
 Rank 0 merges the points into ``--out`` (replacing earlier points of the same collective,
 level and group size), refits alpha-beta for every (collective, level) and group size, and
@@ -53,6 +66,8 @@ from autoplan.profile.store import (COLLECTIVES, LinkPoint, LinkProfile, Profile
                                     measured_provenance, source_id, update_link_profile)
 
 KiB, MiB = 1 << 10, 1 << 20
+#: Default largest CPU message: below glibc's largest mmap threshold (32 MiB), see docstring.
+CPU_MAX_BYTES = 16 * MiB
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +84,9 @@ class BenchConfig:
     dtype: str = "float32"
     device: str = "cpu"
     warmup: int = 2
-    repeats: int = 5
+    repeats: int = 9
     min_rep_s: float = 5e-3
+    statistic: str = "median"                       # or "min" (module docstring)
 
 
 @dataclass(frozen=True)
@@ -128,6 +144,7 @@ def plan_groups(nodes: list[int], cfg: BenchConfig) -> list[tuple[str, tuple[int
 def run(cfg: BenchConfig) -> list[dict[str, Any]]:
     """Benchmark on an initialised process group; every rank returns rank 0's points."""
     device = torch.device(cfg.device)
+    load_start = [round(x, 2) for x in os.getloadavg()]
     nodes = node_of_ranks()
     groups = [Group(level, ranks, dist.new_group(list(ranks)))
               for level, ranks in plan_groups(nodes, cfg)]
@@ -144,28 +161,49 @@ def run(cfg: BenchConfig) -> list[dict[str, Any]]:
     dist.all_gather_object(gathered, points)
     merged = [p for part in gathered for p in part]
     levels = ["inter", "intra"] if len(set(nodes)) > 1 else ["intra"]
-    return [{"levels": levels, "nodes": len(set(nodes))}] + merged
+    return [{"levels": levels, "nodes": len(set(nodes)), "load_avg_start": load_start}] + merged
 
 
 def _bench_block(group: Group, collective: str, sizes: list[int], share: float,
                  cfg: BenchConfig, device: torch.device) -> list[dict[str, Any]]:
-    """All sizes of one collective on one group, within ``share`` seconds (agreed by all
-    members: every decision uses values all-reduced with MAX)."""
+    """All sizes of one collective on one group, within about ``share`` seconds.
+
+    Pass 1 warms each size up (ascending) and estimates its cost; sizes are kept while the
+    estimated total fits ``share``. Pass 2 times ``cfg.repeats`` rounds over the kept sizes,
+    interleaved, so a burst of load from other processes spoils one repetition of several
+    sizes rather than every repetition of one. All decisions use values all-reduced with
+    MAX, so every member of the group takes the same ones.
+    """
     n = len(group.ranks)
-    spent, last_wall = 0.0, 0.0
-    out = []
+    plan: list[tuple[Callable[[], Any], int, int]] = []     # (fn, bytes, inner)
+    spent = 0.0
     for size in sizes:
-        if last_wall and spent + last_wall * cfg.step > share:
-            break
         fn, nbytes = _collective(collective, size, group, cfg, device)
-        t, wall = _measure(fn, group, cfg, device)
-        spent += wall
-        last_wall = wall
-        if dist.get_rank() == group.ranks[0]:
+        once = math.inf
+        for _ in range(max(1, cfg.warmup)):
+            once = min(once, _block(fn, 1, device))
+        once = _agree(once, group, device)
+        inner = int(min(1000, max(1, math.ceil(cfg.min_rep_s / max(once, 1e-9)))))
+        cost = once * (cfg.warmup + cfg.repeats * inner)
+        if len(plan) >= 2 and spent + cost > share:
+            break
+        spent += cost
+        plan.append((fn, nbytes, inner))
+    times: list[list[float]] = [[] for _ in plan]
+    for _ in range(cfg.repeats):
+        for i, (fn, _nbytes, inner) in enumerate(plan):
+            dist.barrier(group=group.handle)
+            times[i].append(_agree(_block(fn, inner, device) / inner, group, device))
+    out = []
+    if dist.get_rank() == group.ranks[0]:
+        for (_fn, nbytes, _inner), ts in zip(plan, times):
+            median, fastest = statistics.median(ts), min(ts)
+            t = fastest if cfg.statistic == "min" else median
             algbw = nbytes / t / 1e9
             out.append({"collective": collective, "group_size": n, "level": group.level,
                         "bytes": nbytes, "time_s": t, "algbw_gbps": algbw,
-                        "busbw_gbps": algbw * bus_factor(collective, n)})
+                        "busbw_gbps": algbw * bus_factor(collective, n),
+                        "time_median_s": median, "time_min_s": fastest})
     return out
 
 
@@ -209,23 +247,6 @@ def _collective(collective: str, size: int, group: Group, cfg: BenchConfig,
                        field="--collectives")
 
 
-def _measure(fn: Callable[[], Any], group: Group, cfg: BenchConfig, device: torch.device
-             ) -> tuple[float, float]:
-    """(median per-call seconds, wall seconds spent), both agreed across the group."""
-    once = math.inf
-    t0 = time.perf_counter()
-    for _ in range(max(1, cfg.warmup)):
-        once = min(once, _block(fn, 1, device))
-    once = _agree(once, group, device)
-    inner = int(min(1000, max(1, math.ceil(cfg.min_rep_s / max(once, 1e-9)))))
-    times = []
-    for _ in range(cfg.repeats):
-        dist.barrier(group=group.handle)
-        times.append(_agree(_block(fn, inner, device) / inner, group, device))
-    wall = _agree(time.perf_counter() - t0, group, device)
-    return statistics.median(times), wall
-
-
 def _block(fn: Callable[[], Any], inner: int, device: torch.device) -> float:
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -254,6 +275,7 @@ def save(cfg: BenchConfig, result: list[dict[str, Any]], backend: str) -> LinkPr
     prov = measured_provenance(backend=backend, device=cfg.device, dtype=cfg.dtype,
                                world_size=dist.get_world_size(), nodes=info["nodes"],
                                warmup=cfg.warmup, repeats=cfg.repeats,
+                               statistic=cfg.statistic, load_avg_start=info["load_avg_start"],
                                time_budget_s=cfg.time_budget_s)
     sid = source_id(prov)
     new = [LinkPoint(**p, source=sid) for p in raw]
@@ -277,6 +299,10 @@ def save(cfg: BenchConfig, result: list[dict[str, Any]], backend: str) -> LinkPr
         note = ("measured on one node: only the intra-node level exists here; no inter-node "
                 "link was measured" if levels == ["intra"] else
                 "measured across nodes: intra and inter levels")
+        stats = sorted({sources[p.source].get("statistic", "median") for p in points})
+        note += (f". Point times are the {' / '.join(stats)} of each source's repetitions "
+                 "(load averages in 'sources'); fits per group size are the accurate ones, "
+                 "pooled fits (group_size null) share one alpha across group sizes")
         fits, problems = fit_link_points(points, fit_sid)
         for problem in problems:
             print(f"warning: not fitted: {problem}", file=sys.stderr)
@@ -307,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collectives", default=",".join(COLLECTIVES))
     p.add_argument("--min-bytes", type=parse_bytes, default=8)
     p.add_argument("--max-bytes", type=parse_bytes,
-                   help="largest message (default 32M on CPU, 512M on CUDA)")
+                   help="largest message (default 16M on CPU, 512M on CUDA; see the module "
+                        "docstring for why 16M on CPU)")
     p.add_argument("--step", type=int, default=2, help="factor between sizes")
     p.add_argument("--time-budget", type=float, default=90.0, help="seconds for the run")
     p.add_argument("--group-sizes", help="comma list (default: powers of two that fit)")
@@ -316,7 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="default: cuda when available (NCCL), else cpu (gloo)")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--statistic", choices=("median", "min"), default="median",
+                   help="which repetition statistic is a point's time (min: on a shared "
+                        "machine)")
+    p.add_argument("--repeats", type=int, default=9, help="timed repetitions per point "
+                                                          "(median)")
     return p
 
 
@@ -330,12 +361,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return BenchConfig(
         out=args.out, cluster=args.cluster or args.out.stem, collectives=collectives,
         min_bytes=args.min_bytes,
-        max_bytes=args.max_bytes or (512 * MiB if device == "cuda" else 32 * MiB),
+        max_bytes=args.max_bytes or (512 * MiB if device == "cuda" else CPU_MAX_BYTES),
         step=args.step, time_budget_s=args.time_budget,
         group_sizes=tuple(int(x) for x in args.group_sizes.split(",")) if args.group_sizes
         else None,
         levels=tuple(x.strip() for x in args.levels.split(",")), dtype=args.dtype,
-        device=device, warmup=args.warmup, repeats=args.repeats,
+        device=device, warmup=args.warmup, repeats=args.repeats, statistic=args.statistic,
         min_rep_s=1e-3 if device == "cuda" else 5e-3)
 
 
@@ -379,12 +410,17 @@ def _print_summary(prof: LinkProfile, n_points: int, seconds: float, path: Path)
     table = Table(title=f"{path}: {n_points} points in {seconds:.0f} s; fits "
                         "t = alpha + bytes·factor/busbw", title_justify="left")
     for col in ("collective", "level", "n", "points", "alpha (us)", "busbw (GB/s)",
-                "max err >= 1 MB"):
+                "err >=1MB", "segments", "seg. err"):
         table.add_column(col, justify="left" if col in ("collective", "level") else "right")
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.0f}%"
+
     for f in prof.fits:
-        err = "-" if f.max_rel_err_ge_1mb is None else f"{100 * f.max_rel_err_ge_1mb:.1f}%"
         table.add_row(f.collective, f.level, str(f.group_size or "all"), str(f.points),
-                      f"{f.alpha_s * 1e6:.1f}", f"{f.busbw_gbps:.3f}", err)
+                      f"{f.alpha_s * 1e6:.0f}", f"{f.busbw_gbps:.3f}",
+                      pct(f.max_rel_err_ge_1mb), str(len(f.segments) or 1),
+                      pct(f.segments_max_rel_err_ge_1mb))
     Console().print(table)
 
 

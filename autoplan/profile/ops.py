@@ -81,11 +81,14 @@ def profile_ops(nodes: Iterable[OpNode], out: str | os.PathLike, *,
                 tp_degrees: Iterable[int] = (1,), device: str = "cpu",
                 timing: TimingConfig = TimingConfig(), threads: int | None = 1,
                 flush_every: int = 16, max_new: int | None = None, progress: bool = True,
-                device_name: str | None = None, seed: int = 0) -> ProfileReport:
+                device_name: str | None = None, seed: int = 0, redo: bool = False
+                ) -> ProfileReport:
     """Time every signature of ``nodes`` (an OpGraph, or any OpNodes) not yet in ``out``.
 
     ``threads`` applies on CPU only (None: torch's default). ``max_new`` stops after that
-    many new signatures (the rest is left for a later run). Returns what was done.
+    many new signatures (the rest is left for a later run). ``redo`` times every signature
+    again, replacing what the file has (e.g. once the machine is quiet). Returns what was
+    done.
     """
     t_start = time.perf_counter()
     dev = torch.device(device)
@@ -98,7 +101,7 @@ def profile_ops(nodes: Iterable[OpNode], out: str | os.PathLike, *,
         if existing.device != name:
             raise ProfileError(f"holds timings of device {existing.device!r}, not {name!r} "
                                "(write to another file)", source=str(path), field="device")
-        done = set(existing.entries)
+        done = set() if redo else set(existing.entries)
     todo = [(k, v) for k, v in sigs.items() if k not in done]
     report = ProfileReport(path=path, device=name, signatures=len(sigs), failed=dict(failed),
                            skipped=len(sigs) - len(todo))
@@ -108,7 +111,7 @@ def profile_ops(nodes: Iterable[OpNode], out: str | os.PathLike, *,
     prov = measured_provenance(device=name, device_type=dev.type,
                                threads=n_threads or torch.get_num_threads(),
                                warmup=timing.warmup, repeats=timing.repeats,
-                               min_rep_s=timing.min_rep_s)
+                               min_rep_s=timing.min_rep_s, statistic=timing.statistic)
     sid = source_id(prov)
     generator = torch.Generator().manual_seed(seed)
     pending: list[OpEntry] = []

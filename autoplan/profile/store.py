@@ -29,13 +29,18 @@ Two formats, both versioned, both validated on load (errors name the file and th
                  "source": "<id>"}],
      "fits": [{"collective": "all_reduce", "level": "intra", "group_size": 4 | null,
                "alpha_s": ..., "busbw_gbps": ..., "points": 23,
-               "max_rel_err_ge_1mb": 0.07 | null, "source": "<id>"}],
+               "max_rel_err_ge_1mb": 0.07 | null, "source": "<id>",
+               "segments": [{"min_bytes": 8, "max_bytes": 524288, "alpha_s": ...,
+                             "busbw_gbps": ...}, ...],
+               "segments_max_rel_err_ge_1mb": 0.05 | null}],
      "published": [{"collective": ..., "group_size": ..., "level": ..., "busbw_gbps": ...,
                     "source": "..."}]}
 
   Time model (nccl-tests' bus bandwidth, see :mod:`autoplan.profile.fit`):
   ``t(bytes, n) = alpha + bytes · factor(collective, n) / busbw``. GB/s is 1e9 bytes/s.
   A fit with ``group_size: null`` pools every group size of its (collective, level).
+  ``segments`` (optional, in increasing size order) refine the line piecewise: a message
+  uses the last segment whose ``min_bytes`` it reaches (the first one below them all).
 
 Concurrency: every writer goes through :func:`locked_update` — an exclusive ``fcntl.flock``
 on a sidecar ``.<name>.lock`` file, read the current file, merge, validate, then write via a
@@ -347,7 +352,11 @@ def add_op_entries(path: str | os.PathLike, device: str, entries: list[OpEntry],
 
 @dataclass(frozen=True)
 class LinkPoint:
-    """One nccl-tests style measurement; ``bytes`` is the full buffer (nccl-tests' size)."""
+    """One nccl-tests style measurement; ``bytes`` is the full buffer (nccl-tests' size).
+
+    ``time_s`` is the statistic the run chose (its source's ``statistic``: the median of the
+    repetitions, or their minimum on a shared machine); bandwidths derive from it. The
+    median and minimum are kept as well when measured."""
 
     collective: str
     group_size: int
@@ -357,6 +366,21 @@ class LinkPoint:
     algbw_gbps: float
     busbw_gbps: float
     source: str
+    time_median_s: float | None = None
+    time_min_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class LinkSegment:
+    """The alpha-beta form on messages of ``min_bytes`` and more (up to the next segment)."""
+
+    min_bytes: int
+    max_bytes: int                  # the largest size measured in this segment
+    alpha_s: float
+    busbw_gbps: float
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -364,7 +388,10 @@ class LinkPoint:
 
 @dataclass(frozen=True)
 class LinkFit:
-    """``t = alpha_s + bytes · factor(collective, n) / (busbw_gbps · 1e9)``."""
+    """``t = alpha_s + bytes · factor(collective, n) / (busbw_gbps · 1e9)``, optionally
+    refined by ``segments`` (piecewise over message sizes, :func:`autoplan.profile.fit.
+    fit_segments`); ``max_rel_err_ge_1mb`` is the single line's error on its own points of
+    >= 1 MB, ``segments_max_rel_err_ge_1mb`` the piecewise model's."""
 
     collective: str
     level: str
@@ -374,14 +401,28 @@ class LinkFit:
     points: int                     # measurements it was fitted to (0 for published)
     max_rel_err_ge_1mb: float | None
     source: str
+    segments: tuple[LinkSegment, ...] = ()
+    segments_max_rel_err_ge_1mb: float | None = None
 
     @property
     def beta_s_per_byte(self) -> float:
         """Seconds per bus byte: 1 / busbw."""
         return 1.0 / (self.busbw_gbps * 1e9)
 
+    def line_for(self, nbytes: float, *, segmented: bool = True) -> tuple[float, float]:
+        """(alpha_s, busbw_gbps) for a message of ``nbytes``: its segment's, else the line's."""
+        if not (segmented and self.segments):
+            return self.alpha_s, self.busbw_gbps
+        chosen = self.segments[0]
+        for seg in self.segments:
+            if nbytes >= seg.min_bytes:
+                chosen = seg
+        return chosen.alpha_s, chosen.busbw_gbps
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)
+        d["segments"] = [seg.to_dict() for seg in self.segments]
+        return d
 
 
 @dataclass
@@ -411,12 +452,16 @@ class LinkProfile:
                                source=self.cluster, field="fits")
         return pooled
 
-    def predict(self, collective: str, level: str, nbytes: float, group_size: int) -> float:
-        """Seconds for one ``collective`` of ``nbytes`` (nccl-tests size) over ``group_size``."""
+    def predict(self, collective: str, level: str, nbytes: float, group_size: int, *,
+                segmented: bool = True) -> float:
+        """Seconds for one ``collective`` of ``nbytes`` (nccl-tests size) over ``group_size``,
+        by the fit for that group size (else the pooled one), piecewise where it has
+        segments unless ``segmented=False``."""
         from autoplan.profile.fit import bus_factor
 
-        f = self.fit_for(collective, level, group_size)
-        return f.alpha_s + nbytes * bus_factor(collective, group_size) * f.beta_s_per_byte
+        alpha, busbw = self.fit_for(collective, level, group_size).line_for(
+            nbytes, segmented=segmented)
+        return alpha + nbytes * bus_factor(collective, group_size) / (busbw * 1e9)
 
     def fitted_table(self) -> dict[tuple[str, str], tuple[float, float]]:
         """The pooled alpha-beta per (collective, level), as the cost model's
@@ -457,12 +502,27 @@ class LinkProfile:
                 level=c.string(p, "level", w, LEVELS), bytes=c.integer(p, "bytes", w, minimum=1),
                 time_s=c.number(p, "time_s", w, positive=True),
                 algbw_gbps=c.number(p, "algbw_gbps", w), busbw_gbps=c.number(p, "busbw_gbps", w),
-                source=c.source_ref(p, w, sources)))
+                source=c.source_ref(p, w, sources),
+                time_median_s=c.number(p, "time_median_s", w, optional=True),
+                time_min_s=c.number(p, "time_min_s", w, optional=True)))
         fits = []
         for i, f in enumerate(c.lst(d.get("fits", []), "fits")):
             w = f"fits[{i}]"
             c.obj(f, w)
             c.unknown(f, set(LinkFit.__dataclass_fields__), w)
+            segments = []
+            for j, sg in enumerate(c.lst(f.get("segments", []), f"{w}.segments")):
+                ws = f"{w}.segments[{j}]"
+                c.obj(sg, ws)
+                c.unknown(sg, set(LinkSegment.__dataclass_fields__), ws)
+                segments.append(LinkSegment(
+                    min_bytes=c.integer(sg, "min_bytes", ws),
+                    max_bytes=c.integer(sg, "max_bytes", ws),
+                    alpha_s=c.number(sg, "alpha_s", ws),
+                    busbw_gbps=c.number(sg, "busbw_gbps", ws, positive=True)))
+                if j and segments[j].min_bytes <= segments[j - 1].max_bytes:
+                    raise c.fail(f"{ws}.min_bytes", "segments must be in increasing, "
+                                                    "non-overlapping size order")
             fits.append(LinkFit(
                 collective=c.string(f, "collective", w, COLLECTIVES),
                 level=c.string(f, "level", w, LEVELS),
@@ -471,7 +531,9 @@ class LinkProfile:
                 busbw_gbps=c.number(f, "busbw_gbps", w, positive=True),
                 points=c.integer(f, "points", w),
                 max_rel_err_ge_1mb=c.number(f, "max_rel_err_ge_1mb", w, optional=True),
-                source=c.source_ref(f, w, sources)))
+                source=c.source_ref(f, w, sources), segments=tuple(segments),
+                segments_max_rel_err_ge_1mb=c.number(f, "segments_max_rel_err_ge_1mb", w,
+                                                     optional=True)))
         published = c.lst(d.get("published", []), "published")
         for i, p in enumerate(published):
             w = f"published[{i}]"
@@ -541,6 +603,7 @@ def locked_update(path: str | os.PathLike, change: Callable[[Any | None], Any]) 
         current = read_json(path) if path.exists() else None
         new = change(current)
         atomic_write_text(path, dumps(new) + "\n")
+        os.chmod(path, 0o644)           # mkstemp's 0600 would hide shared profiles
     return new
 
 
