@@ -36,15 +36,27 @@ import torch.nn as nn
 from autoplan.models.gpt import GPTConfig
 
 
-def model_flops_per_token(cfg: GPTConfig, seq_len: int) -> float:
+def flops_per_token(*, matmul_params: int, layers: int, attention_width: int,
+                    seq_len: int) -> float:
     """PaLM appendix B: 6·N + 12·L·H·Q·T (see module docstring)."""
+    return 6.0 * matmul_params + 12.0 * layers * attention_width * seq_len
+
+
+def gpt_matmul_params(cfg: GPTConfig) -> int:
+    """N of the built-in GPT: all parameters but the embedding lookups (a tied head once)."""
     n = cfg.num_params()
     n -= cfg.vocab_size * cfg.hidden                      # token embedding lookup
     if cfg.style == "gpt":
         n -= cfg.seq_len * cfg.hidden                     # position embedding lookup
     if cfg.tie_embeddings:
         n += cfg.vocab_size * cfg.hidden                  # the head's matmul still happens
-    return 6.0 * n + 12.0 * cfg.layers * cfg.heads * cfg.head_dim * seq_len
+    return n
+
+
+def model_flops_per_token(cfg: GPTConfig, seq_len: int) -> float:
+    """PaLM appendix B for the built-in GPT."""
+    return flops_per_token(matmul_params=gpt_matmul_params(cfg), layers=cfg.layers,
+                           attention_width=cfg.heads * cfg.head_dim, seq_len=seq_len)
 
 
 def peak_flops(cluster: dict, compute_dtype: str) -> float | None:

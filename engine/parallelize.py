@@ -3,7 +3,8 @@
 For each plan stage this rank runs (one, or ``virtual_stages`` chunks under interleaved 1F1B):
 
 1. **Build on meta** — the whole model on the meta device, other stages' modules removed
-   (:func:`engine.model.build_chunk`; FQNs unchanged, no memory).
+   (:func:`engine.model.build_chunk`; FQNs unchanged, no memory). A Hugging Face model's
+   chunk runs its architecture's stage adapter (:mod:`engine.hf_stage`).
 2. **Tensor + sequence parallelism** — ``parallelize_module`` on the ``tp`` mesh with styles
    derived from ``plan.param_placements[fqn]["tp"]`` (:mod:`engine.tensor_parallel`). First,
    because the later wrappers must see DTensor parameters and unchanged FQNs.
@@ -34,7 +35,7 @@ import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
                                                                          checkpoint_wrapper)
 
-from autoplan.models.registry import ModelSpec, build_model
+from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan
 from engine import model as model_lib
 from engine.data_parallel import apply_dp, mp_policy_for
@@ -68,10 +69,11 @@ def resolve_precision(plan: Plan, device: torch.device) -> tuple[Precision, str 
 
 
 def apply_checkpointing(chunk: nn.Module, layer_names: tuple[str, ...]) -> None:
+    prefix = getattr(chunk, "block_prefix", "blocks") + "."
     for name in layer_names:
-        if not name.startswith("blocks."):
+        if not name.startswith(prefix):
             continue                   # <pre>/<post> hold no block activations worth it
-        key = name.split(".", 1)[1]
+        key = name[len(prefix):]
         chunk.blocks[key] = checkpoint_wrapper(chunk.blocks[key],
                                                checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
@@ -87,13 +89,14 @@ def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: Paralle
     if p.tp > 1:                                                                    # 2
         apply_tp(chunk, pm.tp_mesh, plan.param_placements,
                  sequence_parallel=p.sequence_parallel)
+        if p.sequence_parallel and hasattr(chunk, "sequence_shards"):
+            chunk.sequence_shards = p.tp       # stages receive (b, s/tp, h)
     apply_checkpointing(chunk, stage.checkpoint_layers)                             # 3
     if p.dp > 1:                                                                    # 4
         apply_dp(chunk, pm.dp_mesh, zero=p.zero, pipelined=p.pp > 1,
                  mp_policy=mp_policy_for(precision.params, precision.compute,
                                          precision.reduce))
-    init_model = build_model(spec, device="meta")
-    model_lib.materialize(chunk, init_model, pm.device, seed)                       # 5
+    model_lib.materialize(chunk, model_lib.initializer(spec), pm.device, seed)      # 5
     if precision.autocast:
         # Forward only (the loss included): backward then runs in the dtypes autocast chose,
         # and a pipeline schedule's backward is not inside autocast.

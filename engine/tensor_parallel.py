@@ -31,6 +31,12 @@ With sequence parallelism the residual stream between blocks is the local shard
   (no communication forward, an all-gather of the gradient backward);
 * a replicated head gets ``PrepareModuleInput(Shard(1) -> Replicate())``.
 
+Module names above are the built-in GPT's; a chunk with a ``tp_layout`` attribute
+(:class:`TPLayout`: block container, mixers, head, embedding — e.g. a Hugging Face Llama's
+``model.layers.i.self_attn``, which its block calls with ``hidden_states=`` as a keyword)
+gets the same styles on its own names. Norms are recognised by class name (``*LayerNorm``,
+``*RMSNorm``); only those on the residual stream get ``SequenceParallel``.
+
 Dropout modules are elementwise and run on whatever local tensor reaches them; every rank of a
 tensor-parallel group seeds dropout identically (:mod:`engine.train`), so replicated regions
 stay identical across the group.
@@ -39,6 +45,7 @@ stay identical across the group.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -50,7 +57,26 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle,
 from autoplan.errors import PlanError
 
 _SHARD = re.compile(r"^Shard\((-?\d+)\)$")
-_NORMS = ("LayerNorm", "RMSNorm")
+_NORMS = ("LayerNorm", "RMSNorm")          # class-name suffixes (LlamaRMSNorm, nn.LayerNorm)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TPLayout:
+    """Where the parts the styles above refer to live in a model chunk.
+
+    ``mixers`` are each block's token/channel mixers whose linears are sharded (attention,
+    MLP), with the keyword under which the block passes them the residual stream (``None``:
+    the first positional argument). The defaults are the built-in GPT's names; Hugging Face
+    architectures give their own (:mod:`engine.hf_arch`).
+    """
+
+    blocks: str = "blocks"                 # the block container (keys "0".."L-1")
+    mixers: tuple[tuple[str, str | None], ...] = (("attn", None), ("mlp", None))
+    head: str = "head"                     # the LM head (nn.Linear)
+    embedding: str = "tok_emb"             # the token embedding (present on the first stage)
+
+
+GPT_LAYOUT = TPLayout()
 
 
 def parse_placement(text: str, where: str) -> Shard | Replicate:
@@ -70,34 +96,43 @@ def tp_placement(placements: dict[str, dict[str, str]], fqn: str) -> Shard | Rep
 
 
 def tp_plan(chunk: nn.Module, placements: dict[str, dict[str, str]], *,
-            sequence_parallel: bool) -> dict[str, ParallelStyle]:
+            sequence_parallel: bool, layout: TPLayout | None = None
+            ) -> dict[str, ParallelStyle]:
     """Module FQN -> parallel style for this chunk (a pure function, checked at launch).
 
+    ``layout`` defaults to the chunk's ``tp_layout`` attribute, else the built-in GPT's.
     Raises :class:`PlanError` naming the parameter when a placement cannot be honoured.
     """
+    layout = layout or getattr(chunk, "tp_layout", GPT_LAYOUT)
+    blocks = _blocks(chunk, layout)
+    mixer_prefixes = tuple(f"{layout.blocks}.{key}.{sub}."
+                           for key in blocks.keys() for sub, _ in layout.mixers)
     plan: dict[str, ParallelStyle] = {}
     seq = Shard(1)
     for name, module in chunk.named_modules():
         if not name:
             continue
+        in_mixer = f"{name}.".startswith(mixer_prefixes)
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            style = _weight_style(name, module, placements, sequence_parallel)
+            style = _weight_style(name, module, placements, sequence_parallel, layout)
             if style is not None:
                 plan[name] = style
-            elif sequence_parallel and name == "head":
+            elif sequence_parallel and name == layout.head:
                 plan[name] = PrepareModuleInput(input_layouts=(seq,),
                                                 desired_input_layouts=(Replicate(),),
                                                 use_local_output=True)
-            elif sequence_parallel and (".attn." in f".{name}." or ".mlp." in f".{name}."):
+            elif sequence_parallel and in_mixer:
                 raise PlanError(f"field 'param_placements.{name}.weight': sequence "
                                 "parallelism needs every attention/MLP linear sharded on "
                                 "'tp' (Shard(0) or Shard(1)), got Replicate()")
-        elif type(module).__name__ in _NORMS:
+        elif type(module).__name__.endswith(_NORMS):
             for pname, _ in module.named_parameters(recurse=False):
                 if not isinstance(tp_placement(placements, f"{name}.{pname}"), Replicate):
                     raise PlanError(f"field 'param_placements.{name}.{pname}.tp': norm "
                                     "parameters must be Replicate()")
-            if sequence_parallel:
+            # norms on the residual stream see its sequence shard; a norm inside a mixer
+            # (e.g. per-head q/k norms) sees the mixer's local tensors
+            if sequence_parallel and not in_mixer:
                 plan[name] = SequenceParallel()
         else:
             for pname, _ in module.named_parameters(recurse=False):
@@ -105,21 +140,39 @@ def tp_plan(chunk: nn.Module, placements: dict[str, dict[str, str]], *,
                     raise PlanError(f"field 'param_placements.{name}.{pname}.tp': the engine "
                                     f"shards only Linear and Embedding weights on 'tp'")
     if sequence_parallel:
-        blocks = getattr(chunk, "blocks", {})
         for key in blocks.keys():
-            for sub in ("attn", "mlp"):
-                plan[f"blocks.{key}.{sub}"] = PrepareModuleInput(
-                    input_layouts=(seq,), desired_input_layouts=(Replicate(),))
-        if getattr(chunk, "tok_emb", None) is not None and len(blocks):
+            for sub, kwarg in layout.mixers:
+                if kwarg is None:
+                    style = PrepareModuleInput(input_layouts=(seq,),
+                                               desired_input_layouts=(Replicate(),))
+                else:
+                    style = PrepareModuleInput(input_kwarg_layouts={kwarg: seq},
+                                               desired_input_kwarg_layouts={kwarg: Replicate()})
+                plan[f"{layout.blocks}.{key}.{sub}"] = style
+        if _has(chunk, layout.embedding) and len(blocks):
             first = next(iter(blocks.keys()))
-            plan[f"blocks.{first}"] = PrepareModuleInput(
+            plan[f"{layout.blocks}.{first}"] = PrepareModuleInput(
                 input_layouts=(Replicate(),), desired_input_layouts=(seq,),
                 use_local_output=True)
     return plan
 
 
+def _has(chunk: nn.Module, path: str) -> bool:
+    try:
+        return chunk.get_submodule(path) is not None
+    except AttributeError:
+        return False
+
+
+def _blocks(chunk: nn.Module, layout: TPLayout) -> nn.Module | dict:
+    try:
+        return chunk.get_submodule(layout.blocks)
+    except AttributeError:
+        return {}
+
+
 def _weight_style(name: str, module: nn.Module, placements: dict[str, dict[str, str]],
-                  sp: bool) -> ParallelStyle | None:
+                  sp: bool, layout: TPLayout) -> ParallelStyle | None:
     weight = tp_placement(placements, f"{name}.weight")
     bias = None
     if getattr(module, "bias", None) is not None:
@@ -143,9 +196,9 @@ def _weight_style(name: str, module: nn.Module, placements: dict[str, dict[str, 
     if embedding:
         cls = ColwiseParallel if column else RowwiseParallel
         return cls(input_layouts=Replicate(), output_layouts=Replicate())
-    if name == "head":
+    if name == layout.head:
         if not column:
-            raise PlanError("field 'param_placements.head.weight.tp': the LM head can be "
+            raise PlanError(f"field 'param_placements.{name}.weight.tp': the LM head can be "
                             "sharded on the vocabulary (Shard(0)) only")
         return ColwiseParallel(input_layouts=Shard(1) if sp else Replicate(),
                                output_layouts=Replicate())

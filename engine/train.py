@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autoplan.models.gpt import GPT, GPTConfig
+from autoplan.models.gpt import GPT
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan, atomic_write_text
 from engine.checkpoint import Checkpointer
@@ -37,8 +37,9 @@ from engine.config import RunConfig
 from engine.data import local_batch, make_source
 from engine.data_parallel import set_microbatch
 from engine.mesh import ParallelMesh
-from engine.metrics import (MemoryProbe, MetricsWriter, StepRecord, format_table,
-                            model_flops_per_token, peak_flops, summarize)
+from engine.metrics import (MemoryProbe, MetricsWriter, StepRecord, flops_per_token,
+                            format_table, peak_flops, summarize)
+from engine.model import model_info
 from engine.parallelize import parallelize_stage, resolve_precision
 from engine.pipeline import build_schedule, has_first_stage, has_last_stage
 
@@ -54,8 +55,8 @@ class Trainer:
     def __init__(self, plan: Plan, spec: ModelSpec, cfg: RunConfig, pm: ParallelMesh, *,
                  source: str = "<plan>"):
         self.plan, self.spec, self.cfg, self.pm, self.source = plan, spec, cfg, pm, source
-        self.gpt_cfg = GPTConfig.from_dict(spec.config)
-        self.seq_len = plan.seq_len or self.gpt_cfg.seq_len
+        self.info = model_info(spec)
+        self.seq_len = plan.seq_len or self.info.max_seq_len
         self.precision, note = resolve_precision(plan, pm.device)
         if note:
             self.log(note)
@@ -73,12 +74,14 @@ class Trainer:
                                            schedule=p.schedule,
                                            num_micro_batches=p.num_micro_batches,
                                            loss_fn=GPT.loss)
-        self.data = make_source(cfg.data, vocab_size=self.gpt_cfg.vocab_size,
+        self.data = make_source(cfg.data, vocab_size=self.info.vocab_size,
                                 seq_len=self.seq_len, global_batch=plan.global_batch,
                                 seed=cfg.seed)
         self.has_loss = has_last_stage(pm)
         self.tokens_per_step = plan.global_batch * self.seq_len
-        self.flops_per_step = model_flops_per_token(self.gpt_cfg, self.seq_len) \
+        self.flops_per_step = flops_per_token(
+            matmul_params=self.info.matmul_params, layers=self.info.layers,
+            attention_width=self.info.attention_width, seq_len=self.seq_len) \
             * self.tokens_per_step
         dtype_name = str(self.precision.compute).removeprefix("torch.")
         self.peak = peak_flops(plan.cluster, dtype_name)

@@ -12,6 +12,7 @@ import torch
 from torch.distributed.tensor import Shard
 
 from autoplan.errors import ConfigError, PlanError
+from autoplan.models.capabilities import capabilities
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan
 from engine import model as model_lib
@@ -100,15 +101,21 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
     names = [n for st in plan.stages for n in st.layer_names]
     if len(names) != len(set(names)):
         raise PlanError(f"plan {source}: field 'stages': a layer appears in two stages")
-    from autoplan.models.gpt import GPTConfig
-
-    cfg = GPTConfig.from_dict(spec.config)
-    every = ["<pre>", *(f"blocks.{i}" for i in range(cfg.layers)), "<post>"]
+    info = model_lib.model_info(spec)
+    every = info.layer_names()
     if names != every:
         missing = sorted(set(every) - set(names))
         raise PlanError(f"plan {source}: field 'stages': the stages' layer_names must be "
-                        f"<pre>, blocks.0..blocks.{cfg.layers - 1}, <post> in order"
+                        f"<pre>, {every[1]}..{every[-2]}, <post> in order"
                         + (f"; missing {missing}" if missing else ""))
+    caps = capabilities(spec)
+    for wanted, allowed, what in ((p.tp > 1, caps.tensor_parallel, f"tp={p.tp}"),
+                                  (p.sequence_parallel and p.tp > 1, caps.sequence_parallel,
+                                   "sequence_parallel"),
+                                  (p.pp > 1, caps.pipeline, f"pp={p.pp}")):
+        if wanted and not allowed:
+            raise PlanError(f"plan {source}: field 'parallel' asks for {what}, which the "
+                            f"engine cannot run for model {spec.name!r}: {caps.reason}")
     for key in ("params", "compute", "reduce"):
         value = plan.precision.get(key, "float32")
         if value not in SUPPORTED_DTYPES:
@@ -124,22 +131,18 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
                 raise PlanError(f"plan {source}: field 'param_placements.{fqn}.dp': "
                                 f"{axes['dp']} needs ZeRO-3 and dim 0 (FSDP shards dim 0); "
                                 f"the plan has zero={p.zero}")
-    seq = plan.seq_len or cfg.seq_len
-    if seq > cfg.seq_len:
+    seq = plan.seq_len or info.max_seq_len
+    if seq > info.max_seq_len:
         raise PlanError(f"plan {source}: field 'seq_len' {seq} exceeds the model's "
-                        f"{cfg.seq_len}")
+                        f"{info.max_seq_len}")
     if p.tp > 1:
-        for what, n in (("heads", cfg.heads), ("kv_heads", cfg.kv_heads or cfg.heads),
-                        ("ffn", cfg.ffn), ("hidden", cfg.hidden)):
+        for what, n in info.tp_divisors:
             if n % p.tp:
                 raise PlanError(f"plan {source}: tp={p.tp} does not divide the model's "
                                 f"{what} ({n})")
         if p.sequence_parallel and seq % p.tp:
             raise PlanError(f"plan {source}: sequence parallelism needs tp={p.tp} to divide "
                             f"seq_len ({seq})")
-    if cfg.tie_embeddings and p.pp > 1:
-        raise PlanError(f"plan {source}: tied embeddings cannot be split over {p.pp} "
-                        "pipeline stages")
     for st in plan.stages:
         chunk = model_lib.build_chunk(spec, st.layer_names)
         tp_plan(chunk, plan.param_placements, sequence_parallel=p.sequence_parallel)

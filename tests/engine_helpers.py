@@ -39,9 +39,9 @@ CLUSTER_GPU = {"name": "test-gpu", "device": {"name": "gpu-test", "family": "gpu
 
 
 @functools.lru_cache(maxsize=None)
-def _graph(config_json: str, seq_len: int):
+def _graph(spec_json: str, seq_len: int):
     """The tracer's OpGraph of a model (cached: the tests plan many layouts of few models)."""
-    spec = ModelSpec("builtin", "gpt", json.loads(config_json))
+    spec = ModelSpec.from_dict(json.loads(spec_json))
     return trace(spec, batch_size=1, seq_len=seq_len)
 
 
@@ -49,17 +49,19 @@ def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool 
               schedule: str = "1f1b", virtual_stages: int = 1, global_batch: int = 8,
               num_micro_batches: int = 1, seq_len: int = 32, model: dict | None = None,
               checkpoint: bool = False, precision: dict | None = None,
-              prediction: Prediction | None = None, device_type: str = "cpu") -> Plan:
+              prediction: Prediction | None = None, device_type: str = "cpu",
+              spec: ModelSpec | None = None) -> Plan:
     """A plan from the planner's own builder (``autoplan.planner.build.build_plan``) over the
-    tracer's graph: the engine is tested on what the planner writes."""
-    config = dict(model or TINY)
-    spec = ModelSpec("builtin", "gpt", config)
+    tracer's graph: the engine is tested on what the planner writes. The model is the
+    built-in GPT of config ``model`` (default ``TINY``), or ``spec`` (e.g. a Hugging Face
+    one)."""
+    spec = spec or ModelSpec("builtin", "gpt", dict(model or TINY))
     parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sp,
                               micro_batch=global_batch // (dp * num_micro_batches),
                               num_micro_batches=num_micro_batches, schedule=schedule,
                               virtual_stages=virtual_stages,
                               checkpoint="full" if checkpoint else "none")
-    graph = _graph(json.dumps(config, sort_keys=True), seq_len)
+    graph = _graph(json.dumps(spec.to_dict(), sort_keys=True), seq_len)
     plan = build_plan(graph, spec, CLUSTER if device_type == "cpu" else CLUSTER_GPU, parallel,
                       global_batch=global_batch, seq_len=seq_len,
                       precision=precision or {"params": "float32", "compute": "float32",

@@ -1,0 +1,268 @@
+"""Stage-forward adapters for Hugging Face causal LMs, registered by ``model_type``.
+
+Why adapters: a transformers model's ``forward`` runs token ids to logits in one call; it
+cannot start from, or stop at, hidden states in the middle, which is what a pipeline stage
+does. So the engine keeps the model's own modules — with their checkpoint names,
+``model.layers.3.mlp.up_proj`` — and drives them with a small adapter per architecture family
+that restates what the model's ``forward`` does around its blocks::
+
+    first stage   h = adapter.embed(stage, input_ids)                  # <pre>
+    every stage   ctx = adapter.context(stage, h, seq_len)             # masks, positions, rotary
+                  h = adapter.block(block, i, h, ctx)  for each block i of the stage
+    last stage    logits = adapter.logits(stage, h)                    # <post>: final norm, head
+
+The loss is the engine's (:meth:`autoplan.models.gpt.GPT.loss`: mean token cross-entropy on
+targets shifted by the data source), which equals transformers' causal-LM loss of
+``labels=input_ids`` over the sequence one token longer.
+
+An adapter also names the model's parts (module paths in the ``*ForCausalLM`` model):
+``blocks``, the ``nn.ModuleList`` of decoder layers (the planner's layer names are
+``f"{blocks}.{i}"``); ``pre`` / ``post``, the modules of ``<pre>`` / ``<post>``; ``shared``,
+parameter-free modules every stage keeps (rotary tables); the input embedding tables and
+the LM head. It gives the tensor-parallel layout (:class:`engine.tensor_parallel.TPLayout`)
+or says why there is none, the sizes tensor parallelism must divide, the initialisation rule
+and the values of the model's buffers.
+
+Registered families (:data:`ARCHITECTURES`, read-only; a new family is an adapter subclass
+plus entries here, checked against the model's own forward by ``tests/test_engine_hf.py``):
+
+=========================  =============================  ==================================
+model types                adapter                        tensor / sequence parallel
+=========================  =============================  ==================================
+``gpt2``                   :class:`GPT2Adapter`           no: q, k, v fused in one Conv1D
+``llama``, ``mistral``,    :class:`RotaryDecoderAdapter`  yes: separate q/k/v/o and
+``qwen2``                                                 gate/up/down ``nn.Linear``
+=========================  =============================  ==================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+
+from autoplan.errors import PlanError
+from engine.tensor_parallel import TPLayout
+
+
+@dataclass(frozen=True, kw_only=True)
+class HFAdapter:
+    """Names and stage forward of one architecture family (subclasses implement the four
+    forward pieces)."""
+
+    blocks: str                              # the decoder layers' nn.ModuleList
+    pre: tuple[str, ...]                     # modules of <pre>
+    post: tuple[str, ...]                    # modules of <post>
+    shared: tuple[str, ...] = ()             # parameter-free modules every stage keeps
+    embeddings: tuple[str, ...]              # input embedding tables (lookups, not matmuls)
+    head: str = "lm_head"
+    tp_layout: TPLayout | None = None        # None: the engine refuses tensor parallelism
+    no_tp_reason: str = ""
+    scaled_init: tuple[str, ...] = ()        # weight-name suffixes drawn with std/sqrt(2·L)
+    padded_embedding: str | None = None      # its pad_token_id row starts at zero
+
+    # ---- the stage forward ------------------------------------------------------------------
+    def embed(self, stage: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def context(self, stage: nn.Module, hidden: torch.Tensor, seq_len: int) -> dict[str, Any]:
+        """What every block of one forward shares; ``seq_len`` is the full sequence length
+        (``hidden`` may be a sequence shard under sequence parallelism)."""
+        raise NotImplementedError
+
+    def block(self, block: nn.Module, index: int, hidden: torch.Tensor,
+              ctx: dict[str, Any]) -> torch.Tensor:
+        """Block ``index`` (its position in the whole model); ``hidden`` is passed
+        positionally, the rest as keywords (tensor-parallel input hooks rely on it)."""
+        raise NotImplementedError
+
+    def logits(self, stage: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    # ---- sizes, initial values --------------------------------------------------------------
+    def tp_divisors(self, config) -> tuple[tuple[str, int], ...]:
+        """(what, size) pairs tensor parallelism must divide."""
+        raise NotImplementedError
+
+    def attention_width(self, config) -> int:
+        """heads × head_dim (the attention term of the model FLOPs)."""
+        raise NotImplementedError
+
+    def buffers(self, stage: nn.Module) -> dict[str, torch.Tensor]:
+        """Initial values of the stage's buffers by FQN (computed from the config)."""
+        return {}
+
+    def init_value(self, config, name: str, shape: tuple[int, ...],
+                   generator: torch.Generator | None) -> torch.Tensor:
+        """transformers' default scheme, per parameter name: weights N(0, initializer_range)
+        (``scaled_init`` ones divided by sqrt(2·layers), GPT-2's residual projections), the
+        padding row of ``padded_embedding`` zero, biases 0, norm weights 1."""
+        if len(shape) == 1:
+            return torch.full(shape, 0.0 if name.endswith("bias") else 1.0,
+                              dtype=torch.float32)
+        std = float(getattr(config, "initializer_range", 0.02) or 0.02)
+        if self.scaled_init and name.endswith(self.scaled_init):
+            std /= math.sqrt(2 * config.num_hidden_layers)
+        value = torch.randn(shape, generator=generator, dtype=torch.float32) * std
+        pad = getattr(config, "pad_token_id", None)
+        if name == f"{self.padded_embedding}.weight" and pad is not None:
+            value[pad] = 0.0
+        return value
+
+
+def _positions(hidden: torch.Tensor, seq_len: int) -> torch.Tensor:
+    return torch.arange(seq_len, device=hidden.device).unsqueeze(0)
+
+
+def _shape_like(hidden: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """A (b, seq_len, 0) tensor: transformers' mask builders read only the batch size,
+    query length, dtype and device of their ``inputs_embeds``."""
+    return hidden.new_empty((hidden.shape[0], seq_len, 0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPT2Adapter(HFAdapter):
+    """GPT-2 (``GPT2LMHeadModel``): learned positions, pre-LayerNorm blocks, ``ln_f``.
+
+    No tensor parallelism: attention projects q, k and v with one fused ``Conv1D``
+    (``c_attn``, weight (h, 3h)) and splits its output at fixed offsets ``split_size = h``; a
+    column shard of ``c_attn`` holds a contiguous third-and-a-bit of [q | k | v], not q, k and
+    v of the same heads, and the split offsets would be wrong on the local tensor.
+    """
+
+    def embed(self, stage, input_ids):
+        t = stage.get_submodule("transformer")
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return t.drop(t.wte(input_ids) + t.wpe(pos))
+
+    def context(self, stage, hidden, seq_len):
+        from transformers.masking_utils import create_causal_mask
+
+        pos = _positions(hidden, seq_len)
+        mask = create_causal_mask(config=stage.config, inputs_embeds=_shape_like(hidden, seq_len),
+                                  attention_mask=None, past_key_values=None, position_ids=pos)
+        return {"attention_mask": mask}
+
+    def block(self, block, index, hidden, ctx):
+        return block(hidden, attention_mask=ctx["attention_mask"])
+
+    def logits(self, stage, hidden):
+        return stage.lm_head(stage.get_submodule("transformer.ln_f")(hidden))
+
+    def tp_divisors(self, config):
+        return (("heads", config.n_head),)
+
+    def attention_width(self, config):
+        return int(config.n_embd)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RotaryDecoderAdapter(HFAdapter):
+    """Llama-style decoders (``LlamaForCausalLM`` and the models that copy its layout:
+    Mistral, Qwen2): ``model.embed_tokens``, ``model.layers``, ``model.norm``, ``lm_head``,
+    rotary tables computed once per forward by ``model.rotary_emb``.
+
+    Masks as the model's forward builds them: per layer from ``config.layer_types``
+    (``full_attention`` / ``sliding_attention``, Qwen2) when the config has them, else a
+    sliding-window mask for every layer when ``config.sliding_window`` is set (Mistral), else
+    causal. Tensor parallelism: the attention reshapes with ``-1`` heads and GQA repeats
+    ``num_key_value_groups`` (a ratio unchanged by sharding), so column/row styles on
+    q/k/v/o and gate/up/down are correct.
+    """
+
+    def embed(self, stage, input_ids):
+        return stage.get_submodule("model.embed_tokens")(input_ids)
+
+    def context(self, stage, hidden, seq_len):
+        from transformers.masking_utils import (create_causal_mask,
+                                                create_sliding_window_causal_mask)
+
+        config = stage.config
+        kinds = list(getattr(config, "layer_types", None) or [])
+        if not kinds:
+            sliding = getattr(config, "sliding_window", None) is not None
+            kinds = ["sliding_attention" if sliding else "full_attention"] \
+                * config.num_hidden_layers
+        like = _shape_like(hidden, seq_len)
+        pos = _positions(hidden, seq_len)
+        builders = {"full_attention": create_causal_mask,
+                    "sliding_attention": create_sliding_window_causal_mask}
+        masks = {}
+        for kind in sorted(set(kinds)):
+            if kind not in builders:
+                raise PlanError(f"{config.model_type}: attention layer type {kind!r} is not "
+                                f"one the engine's adapter builds masks for ({sorted(builders)})")
+            masks[kind] = builders[kind](config=config, inputs_embeds=like, attention_mask=None,
+                                         past_key_values=None, position_ids=pos)
+        rotary = stage.get_submodule("model.rotary_emb")(like, pos)
+        return {"masks": [masks[k] for k in kinds], "position_ids": pos,
+                "position_embeddings": rotary}
+
+    def block(self, block, index, hidden, ctx):
+        return block(hidden, attention_mask=ctx["masks"][index],
+                     position_embeddings=ctx["position_embeddings"],
+                     position_ids=ctx["position_ids"])
+
+    def logits(self, stage, hidden):
+        return stage.lm_head(stage.get_submodule("model.norm")(hidden))
+
+    def tp_divisors(self, config):
+        return (("num_attention_heads", config.num_attention_heads),
+                ("num_key_value_heads", config.num_key_value_heads or
+                 config.num_attention_heads),
+                ("intermediate_size", config.intermediate_size))
+
+    def attention_width(self, config):
+        head_dim = getattr(config, "head_dim", None) or \
+            config.hidden_size // config.num_attention_heads
+        return int(config.num_attention_heads * head_dim)
+
+    def buffers(self, stage):
+        rotary = stage.get_submodule("model.rotary_emb")
+        with torch.device("cpu"):
+            fresh = type(rotary)(config=stage.config)
+        return {f"model.rotary_emb.{n}": b for n, b in fresh.named_buffers()}
+
+
+_GPT2 = GPT2Adapter(
+    blocks="transformer.h",
+    pre=("transformer.wte", "transformer.wpe", "transformer.drop"),
+    post=("transformer.ln_f", "lm_head"),
+    embeddings=("transformer.wte", "transformer.wpe"),
+    no_tp_reason="GPT-2 projects q, k and v with one fused Conv1D (c_attn) whose output is "
+                 "split at fixed offsets, so a column shard mixes heads of q, k and v",
+    scaled_init=("attn.c_proj.weight", "mlp.c_proj.weight"),
+)
+
+_ROTARY = RotaryDecoderAdapter(
+    blocks="model.layers",
+    pre=("model.embed_tokens",),
+    post=("model.norm", "lm_head"),
+    shared=("model.rotary_emb",),
+    embeddings=("model.embed_tokens",),
+    tp_layout=TPLayout(blocks="model.layers",
+                       mixers=(("self_attn", "hidden_states"), ("mlp", None)),
+                       head="lm_head", embedding="model.embed_tokens"),
+    padded_embedding="model.embed_tokens",
+)
+
+#: model_type -> adapter: the Hugging Face architectures the engine runs.
+ARCHITECTURES: Mapping[str, HFAdapter] = MappingProxyType({
+    "gpt2": _GPT2,
+    "llama": _ROTARY,
+    "mistral": _ROTARY,
+    "qwen2": _ROTARY,
+})
+
+
+def adapter_for(model_type: str) -> HFAdapter:
+    try:
+        return ARCHITECTURES[model_type]
+    except KeyError:
+        raise PlanError(f"the engine has no stage adapter for Hugging Face model_type "
+                        f"{model_type!r}; it runs {sorted(ARCHITECTURES)} (see "
+                        "engine/hf_arch.py to add one)") from None
