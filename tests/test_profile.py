@@ -16,7 +16,8 @@ import pytest
 
 from autoplan.errors import AutoplanError
 from autoplan.graph import OpNode, TensorMeta
-from autoplan.profile.fit import MB, AlphaBeta, bus_factor, fit_alpha_beta, fit_link_points
+from autoplan.profile.fit import (MB, AlphaBeta, bus_factor, fit_alpha_beta, fit_link_points,
+                                  max_relative_error)
 from autoplan.profile.store import (LinkPoint, LinkProfile, OpEntry, OpProfile, ProfileError,
                                     add_op_entries)
 
@@ -82,6 +83,22 @@ def test_fit_link_points_gives_per_size_and_pooled_fits():
     assert all(f.max_rel_err_ge_1mb == pytest.approx(0.0, abs=1e-9) for f in fits)
 
 
+def test_segments_follow_a_two_regime_link():
+    from autoplan.profile.fit import fit_segments, segmented_error
+
+    # cache-resident messages at 4 GB/s, DRAM-bound ones at 1 GB/s (the CPU loopback shape)
+    sizes = np.array([8 * 2 ** k for k in range(23)], dtype=float)
+    fast, slow = AlphaBeta(1e-4, 4.0), AlphaBeta(5e-4, 1.0)
+    times = np.where(sizes < 2 * MB, fast.predict("all_reduce", sizes, 2),
+                     slow.predict("all_reduce", sizes, 2))
+    line = fit_alpha_beta("all_reduce", sizes, 2, times)
+    assert max_relative_error(line, "all_reduce", sizes, 2, times) > 0.2
+    segs = fit_segments("all_reduce", sizes, 2, times)
+    assert len(segs) == 2 and segs[1].min_bytes == 2 * MB
+    assert segmented_error(segs, "all_reduce", sizes, 2, times) == pytest.approx(0, abs=1e-9)
+    assert segs[1].fit.busbw_gbps == pytest.approx(1.0)
+
+
 # ---- the committed profiles -------------------------------------------------------------
 
 def test_committed_local_link_profile_reproduces_its_points_within_20_percent():
@@ -99,6 +116,12 @@ def test_committed_local_link_profile_reproduces_its_points_within_20_percent():
     for f in prof.fits:
         assert prof.sources[f.source]["kind"] == "measured"
     assert all("load_avg" in prof.sources[p.source] for p in prof.points)
+    per_size = prof.fitted_table(group_size=4, nbytes=16 * MB)
+    alpha, beta = per_size[("all_reduce", "intra")]
+    measured = next(p for p in prof.points if (p.collective, p.group_size, p.bytes) ==
+                    ("all_reduce", 4, 16 * MB))
+    assert alpha + 16 * MB * bus_factor("all_reduce", 4) * beta == pytest.approx(
+        measured.time_s, rel=0.2)
 
 
 def test_reference_profiles_are_published_and_feed_the_comm_model():

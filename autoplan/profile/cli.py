@@ -63,7 +63,7 @@ def add_profile_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
     links.add_argument("--out", type=Path,
                        help="link profile (default profiles/links/local-<cpu|cuda>.json)")
     links.add_argument("--device", choices=("cpu", "cuda"))
-    links.add_argument("--max-bytes", help="largest message, e.g. 32M (default 16M CPU, "
+    links.add_argument("--max-bytes", help="largest message, e.g. 32M (default 32M CPU, "
                                            "512M CUDA)")
     links.add_argument("--time-budget", type=float, help="seconds for the run (default 90)")
     links.add_argument("--group-sizes", help="comma list (default: powers of two that fit)")

@@ -31,14 +31,16 @@ itself (the median of a loaded 2-core machine moved by 2x between runs; the mini
 ``--time-budget`` bounds the whole run: each (group, collective) gets an equal share and
 drops the sizes that would overrun it.
 
-Why 16 MiB on CPU by default: gloo allocates a temporary buffer of the full message per
-all-gather / reduce-scatter call, and glibc serves allocations of 32 MiB and more with a
-fresh ``mmap`` (its largest dynamic mmap threshold), so every such call page-faults its
-buffer in again: measured here, a 2-rank all-gather of 32 MiB took ~50-75 ms against
-~9-12 ms for 16 MiB (15 ms with ``MALLOC_MMAP_THRESHOLD_=268435456``). That cliff is a
-property of the allocator, not of the link; an alpha-beta fit cannot follow it. Measure
-past it with ``--max-bytes`` (and set ``MALLOC_MMAP_THRESHOLD_`` in both the benchmark's and
-the training job's environment to remove it).
+The allocator on CPU: gloo allocates a temporary buffer of the full message for every
+all-gather / reduce-scatter call, and glibc serves large allocations with a fresh ``mmap``
+(above a threshold that adapts between 128 KiB and 32 MiB) and returns freed heap tops to
+the kernel, so such calls page-fault their buffers in again and again: measured here, a
+2-rank all-gather of 32 MiB took 1.35 ms/MB against 0.45 ms/MB at 4-16 MiB. That cliff is
+the process's allocator, not the link, and no alpha-beta model follows it. So on CPU the
+benchmark first sets glibc's mmap and trim thresholds to 1 GiB (``mallopt``; recorded in
+the provenance as ``malloc``), after which 32 MiB costs 0.52-0.56 ms/MB; ``--keep-malloc``
+leaves them alone. A training job on CPU can do the same (or set ``MALLOC_MMAP_THRESHOLD_``
+and ``MALLOC_TRIM_THRESHOLD_`` in its environment).
 
 Rank 0 merges the points into ``--out`` (replacing earlier points of the same collective,
 level and group size), refits alpha-beta for every (collective, level) and group size, and
@@ -48,6 +50,7 @@ writes the file atomically under its lock.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import math
 import os
 import socket
@@ -66,8 +69,10 @@ from autoplan.profile.store import (COLLECTIVES, LinkPoint, LinkProfile, Profile
                                     measured_provenance, source_id, update_link_profile)
 
 KiB, MiB = 1 << 10, 1 << 20
-#: Default largest CPU message: below glibc's largest mmap threshold (32 MiB), see docstring.
-CPU_MAX_BYTES = 16 * MiB
+CPU_MAX_BYTES = 32 * MiB
+#: glibc mallopt parameters (malloc.h) and the value the CPU benchmark sets them to.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MALLOC_THRESHOLD = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +92,7 @@ class BenchConfig:
     repeats: int = 9
     min_rep_s: float = 5e-3
     statistic: str = "median"                       # or "min" (module docstring)
+    malloc: str = "default"                         # what tune_malloc() did
 
 
 @dataclass(frozen=True)
@@ -276,6 +282,7 @@ def save(cfg: BenchConfig, result: list[dict[str, Any]], backend: str) -> LinkPr
                                world_size=dist.get_world_size(), nodes=info["nodes"],
                                warmup=cfg.warmup, repeats=cfg.repeats,
                                statistic=cfg.statistic, load_avg_start=info["load_avg_start"],
+                               malloc=cfg.malloc,
                                time_budget_s=cfg.time_budget_s)
     sid = source_id(prov)
     new = [LinkPoint(**p, source=sid) for p in raw]
@@ -333,8 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collectives", default=",".join(COLLECTIVES))
     p.add_argument("--min-bytes", type=parse_bytes, default=8)
     p.add_argument("--max-bytes", type=parse_bytes,
-                   help="largest message (default 16M on CPU, 512M on CUDA; see the module "
-                        "docstring for why 16M on CPU)")
+                   help="largest message (default 32M on CPU, 512M on CUDA)")
     p.add_argument("--step", type=int, default=2, help="factor between sizes")
     p.add_argument("--time-budget", type=float, default=90.0, help="seconds for the run")
     p.add_argument("--group-sizes", help="comma list (default: powers of two that fit)")
@@ -342,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", choices=("cpu", "cuda"),
                    help="default: cuda when available (NCCL), else cpu (gloo)")
+    p.add_argument("--keep-malloc", action="store_true",
+                   help="on CPU, do not raise glibc's mmap/trim thresholds (module docstring)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--statistic", choices=("median", "min"), default="median",
                    help="which repetition statistic is a point's time (min: on a shared "
@@ -370,6 +378,19 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         min_rep_s=1e-3 if device == "cuda" else 5e-3)
 
 
+def tune_malloc() -> str:
+    """Raise glibc's mmap and trim thresholds to 1 GiB (module docstring); returns what was
+    done, for the provenance."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = (libc.mallopt(M_MMAP_THRESHOLD, MALLOC_THRESHOLD) == 1 and
+              libc.mallopt(M_TRIM_THRESHOLD, MALLOC_THRESHOLD) == 1)
+    except (OSError, AttributeError):
+        ok = False
+    return ("glibc mallopt M_MMAP_THRESHOLD = M_TRIM_THRESHOLD = 1 GiB" if ok
+            else "default (mallopt unavailable)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from autoplan.errors import AutoplanError
@@ -384,6 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "-m autoplan.profile.links --out profiles/links/local-cpu.json", file=sys.stderr)
         return 2
     backend = "nccl" if cfg.device == "cuda" else "gloo"
+    if cfg.device == "cpu" and not args.keep_malloc:
+        cfg = replace(cfg, malloc=tune_malloc())
     if cfg.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         cfg = replace(cfg, device=f"cuda:{torch.cuda.current_device()}")

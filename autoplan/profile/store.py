@@ -463,12 +463,22 @@ class LinkProfile:
             nbytes, segmented=segmented)
         return alpha + nbytes * bus_factor(collective, group_size) / (busbw * 1e9)
 
-    def fitted_table(self) -> dict[tuple[str, str], tuple[float, float]]:
-        """The pooled alpha-beta per (collective, level), as the cost model's
+    def fitted_table(self, group_size: int | None = None, nbytes: float | None = None
+                     ) -> dict[tuple[str, str], tuple[float, float]]:
+        """Alpha-beta per (collective, level), as the cost model's
         ``CommModel(cluster, fitted=...)`` takes it:
-        ``{(collective, level): (alpha_s, beta_s_per_byte)}``."""
-        return {(f.collective, f.level): (f.alpha_s, f.beta_s_per_byte)
-                for f in self.fits if f.group_size is None}
+        ``{(collective, level): (alpha_s, beta_s_per_byte)}``.
+
+        By default the pooled single line of each (collective, level). With ``group_size``
+        the fit for that group size where there is one; with ``nbytes`` the segment of the
+        piecewise fit that covers messages of that size (e.g. the gradient bucket)."""
+        table = {}
+        for collective, level in sorted({(f.collective, f.level) for f in self.fits}):
+            f = self.fit_for(collective, level, group_size)
+            alpha, busbw = f.line_for(nbytes if nbytes is not None else 0.0,
+                                      segmented=nbytes is not None)
+            table[(collective, level)] = (alpha, 1.0 / (busbw * 1e9))
+        return table
 
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
