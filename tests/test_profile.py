@@ -375,6 +375,17 @@ def test_profile_cli_registers_commands():
     assert cmd[cmd.index("--group-sizes") + 1] == "4" and "autoplan.profile.links" in cmd
 
 
+def test_link_groups_by_level():
+    from autoplan.profile.links import BenchConfig, plan_groups
+
+    cfg = BenchConfig(out=Path("x.json"), cluster="x")
+    two_nodes = [0, 0, 0, 0, 1, 1, 1, 1]
+    assert plan_groups(two_nodes, cfg) == [
+        ("intra", (0, 1)), ("intra", (0, 1, 2, 3)),
+        ("inter", (0, 4)), ("inter", (0, 1, 4, 5)), ("inter", tuple(range(8)))]
+    assert plan_groups([0, 0, 0, 0], cfg) == [("intra", (0, 1)), ("intra", (0, 1, 2, 3))]
+
+
 # ---- the link benchmark, 2 gloo ranks -----------------------------------------------------
 
 @pytest.mark.multiproc

@@ -122,7 +122,7 @@ def profile_ops(nodes: Iterable[OpNode], out: str | os.PathLike, *,
             pending.clear()
 
     try:
-        with cpu_threads(n_threads), _progress(progress, len(todo), name) as advance:
+        with cpu_threads(n_threads), _Progress(progress, len(todo), name) as advance:
             for key, (sig, call) in todo:
                 timed_as = None
                 try:
@@ -155,7 +155,7 @@ def profile_ops(nodes: Iterable[OpNode], out: str | os.PathLike, *,
     return report
 
 
-class _progress:
+class _Progress:
     """A rich progress bar on stderr (or nothing); ``advance()`` steps it by one."""
 
     def __init__(self, enabled: bool, total: int, device: str):
