@@ -444,7 +444,7 @@ def _print_summary(prof: LinkProfile, n_points: int, seconds: float, path: Path)
                       f"{f.alpha_s * 1e6:.0f}", f"{f.busbw_gbps:.3f}",
                       pct(f.max_rel_err_ge_1mb), str(len(f.segments) or 1),
                       pct(f.segments_max_rel_err_ge_1mb))
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 120).print(table)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ class OpTimeTable:
             if e.bwd_s is not None:
                 self._groups[_group(e.op, e.dtype, e.inputs)].append(e)
         self._resolved: dict[tuple[str, str, int], tuple[Signature, Call | None]] = {}
+        self._found: dict[tuple[str, str, int], Lookup] = {}
 
     @classmethod
     def load(cls, path: str | os.PathLike, **kwargs) -> "OpTimeTable":
@@ -90,7 +91,11 @@ class OpTimeTable:
 
     def explain(self, node: OpNode, shard: float = 1.0) -> Lookup:
         """Like :meth:`lookup`, with the source and the entries used."""
-        result = self._find(node, tp_degree(shard))
+        t = tp_degree(shard)
+        memo = (Signature.of(node).key, node.tp_role, t)
+        result = self._found.get(memo)
+        if result is None:
+            result = self._found[memo] = self._find(node, t)
         self.last_source = result.source
         self.counts[result.source] += 1
         return result
