@@ -51,7 +51,6 @@ class ModelInfo:
     vocab_size: int
     max_seq_len: int
     tied_embeddings: bool              # the LM head shares the input embedding's weight
-    tp_divisors: tuple[tuple[str, int], ...]   # (what, size) tensor parallelism must divide
     matmul_params: int                 # parameters multiplying activations (model FLOPs)
     layers: int
     attention_width: int               # heads x head_dim
@@ -87,8 +86,6 @@ def model_info(spec: ModelSpec) -> ModelInfo:
         return ModelInfo(block_prefix="blocks", num_blocks=cfg.layers,
                          vocab_size=cfg.vocab_size, max_seq_len=cfg.seq_len,
                          tied_embeddings=cfg.tie_embeddings,
-                         tp_divisors=(("heads", cfg.heads), ("kv_heads", cfg.kv_heads or cfg.heads),
-                                      ("ffn", cfg.ffn), ("hidden", cfg.hidden)),
                          matmul_params=gpt_matmul_params(cfg), layers=cfg.layers,
                          attention_width=cfg.heads * cfg.head_dim)
     from autoplan.models.hf import default_seq_len, hf_config
@@ -106,7 +103,7 @@ def model_info(spec: ModelSpec) -> ModelInfo:
     return ModelInfo(block_prefix=adapter.blocks,
                      num_blocks=len(model.get_submodule(adapter.blocks)),
                      vocab_size=int(config.vocab_size), max_seq_len=default_seq_len(spec),
-                     tied_embeddings=tied, tp_divisors=adapter.tp_divisors(config),
+                     tied_embeddings=tied,
                      matmul_params=n, layers=int(config.num_hidden_layers),
                      attention_width=adapter.attention_width(config))
 

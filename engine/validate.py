@@ -136,7 +136,7 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
         raise PlanError(f"plan {source}: field 'seq_len' {seq} exceeds the model's "
                         f"{info.max_seq_len}")
     if p.tp > 1:
-        for what, n in info.tp_divisors:
+        for what, n in caps.tp_divisors:
             if n % p.tp:
                 raise PlanError(f"plan {source}: tp={p.tp} does not divide the model's "
                                 f"{what} ({n})")

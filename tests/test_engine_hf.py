@@ -1,11 +1,13 @@
 """Hugging Face causal LMs through the engine (issue #6): trace, plan, run, loss parity.
 
-Tiny GPT-2 (eager attention; tied embeddings as GPT-2 ships, and untied for pipelining) and
-Llama (sdpa, grouped-query attention) built offline from their config classes, dropout 0,
-fp32, 20 steps. Each layout's per-step losses must match a single-process run of the same
+Tiny GPT-2 (eager attention; tied embeddings as GPT-2 ships, and untied for pipelining),
+Llama (sdpa, grouped-query attention) and Qwen2 (eager, q/k/v biases, a sliding-window layer)
+built offline from their config classes, dropout 0, fp32, 20 steps. Each layout's per-step losses must match a single-process run of the same
 model to 1e-4 relative at every step. Plans come from the planner's builder over the
 tracer's graph (``tests/engine_helpers.py``); the references share one 1-rank launch and the
 layouts of one world size share one torchrun launch.
+
+A tied GPT-2 killed mid-run resumes from its checkpoint to the same losses.
 
 Without processes: every stage adapter composes to the model's own forward, stages start
 from the whole model's weights, and :func:`autoplan.models.capabilities.capabilities` says
@@ -28,7 +30,7 @@ from autoplan.models.registry import ModelSpec, build_model, resolve
 from engine import model as model_lib
 from engine.tensor_parallel import tp_plan
 from engine.validate import check_engine_support
-from engine_helpers import TINY, losses, make_plan, max_rel_diff, run_plans
+from engine_helpers import TINY, losses, make_plan, max_rel_diff, run_plans, torchrun
 
 STEPS = 20
 OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "20"]
@@ -42,19 +44,21 @@ _LLAMA = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4,
               max_position_embeddings=64, attention_dropout=0.0, bos_token_id=0,
               eos_token_id=0, attn_implementation="sdpa")
 _ROTARY = dict(_LLAMA, num_hidden_layers=2, attn_implementation="eager")
+#: Qwen2 with q/k/v biases, a full-attention then a sliding-window layer (window 8 < seq 32)
+_QWEN2 = dict(_ROTARY, use_sliding_window=True, sliding_window=8, max_window_layers=1)
 SPECS = {
     "gpt2_tied": resolve("hf:gpt2", **_GPT2),                       # GPT-2 as it ships
     "gpt2": resolve("hf:gpt2", **_GPT2, tie_word_embeddings=False),
     "llama": resolve("hf:llama", **_LLAMA),
+    "qwen2": resolve("hf:qwen2", **_QWEN2),
 }
 #: every registered family, for the adapter checks (Mistral: a sliding window shorter than
-#: the sequence; Qwen2: a full and a sliding layer, q/k/v biases)
+#: the sequence)
 ADAPTER_SPECS = {
     "gpt2": SPECS["gpt2"],
     "llama": resolve("hf:llama", **_ROTARY),
     "mistral": resolve("hf:mistral", **_ROTARY, sliding_window=8),
-    "qwen2": resolve("hf:qwen2", **_ROTARY, use_sliding_window=True, sliding_window=8,
-                     max_window_layers=1),
+    "qwen2": SPECS["qwen2"],
 }
 
 WORLD2 = {
@@ -65,6 +69,7 @@ WORLD2 = {
     "llama_pp2_1f1b": ("llama", dict(pp=2, schedule="1f1b", num_micro_batches=4)),
     "llama_tp2": ("llama", dict(tp=2)),
     "llama_tp2_sp": ("llama", dict(tp=2, sp=True)),
+    "qwen2_tp2_sp": ("qwen2", dict(tp=2, sp=True)),
 }
 WORLD4 = {
     "llama_dp2_tp2_sp": ("llama", dict(dp=2, tp=2, sp=True, zero=3)),
@@ -121,6 +126,29 @@ def test_hf_parity_two_ranks(world2, reference, name):
 @pytest.mark.parametrize("name", sorted(WORLD4))
 def test_hf_parity_four_ranks(world4, reference, name):
     _check(world4, reference[WORLD4[name][0]], name)
+
+
+@pytest.mark.multiproc
+def test_hf_kill_and_resume(world2, tmp_path):
+    """Tied GPT-2 under ZeRO-2, SIGKILLed after step 10 and resumed from its DCP checkpoint
+    (one weight under two names, FSDP-sharded), reproduces world2's uninterrupted run."""
+    name = "gpt2_tied_dp2_zero2"
+    model, kw = WORLD2[name]
+    plan = make_plan(spec=SPECS[model], **kw).save(tmp_path / "plan.json")
+
+    def run(*extra):
+        return torchrun(2, ["-m", "engine.run", str(plan), "--out", str(tmp_path / "run"),
+                            "--steps", str(STEPS), *OPTIONS, "--memory", "off",
+                            "--checkpoint-every", "5", *extra])
+
+    assert run("--kill-after-step", "10").returncode != 0
+    resumed = run("--resume")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "resumed from" in resumed.stdout and "step_00000010" in resumed.stdout
+    want, got = losses(world2 / name), losses(tmp_path / "run")
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(11, STEPS + 1):
+        assert got[step] == pytest.approx(want[step], rel=1e-6, abs=0), step
 
 
 # ---- stage adapters (no processes) --------------------------------------------------------
@@ -237,6 +265,14 @@ def test_capabilities_match_what_the_engine_accepts(name):
             assert caps.reason in str(exc.value) and str(exc.value).startswith("plan p.json")
     assert (caps.reason == "") == (caps.tensor_parallel and caps.pipeline)
     check_engine_support(make_plan(spec=spec, dp=2, zero=3), spec, "p.json")
+    # sizes: the Llama has 2 KV heads, the built-in GPT 4 heads
+    plan = make_plan(spec=spec, tp=4)
+    if caps.allows_tp(4):
+        check_engine_support(plan, spec, "p.json")
+    else:
+        with pytest.raises(PlanError, match="tp=4"):
+            check_engine_support(plan, spec, "p.json")
+    assert caps.allows_tp(4) == (name == "builtin_gpt")
 
 
 def test_gpt2_tensor_parallelism_is_refused_with_the_reason():
@@ -260,4 +296,7 @@ def test_capabilities_of_models_the_engine_does_not_run():
     with pytest.raises(PlanError, match=r"no stage adapter for Hugging Face model_type 'opt'"):
         model_lib.check_supported(ModelSpec("hf", "opt", {}))
     assert dataclasses.asdict(capabilities(_CAP_SPECS["builtin_gpt"])) == dict(
-        tensor_parallel=True, sequence_parallel=True, pipeline=True, reason="", runs=True)
+        tensor_parallel=True, sequence_parallel=True, pipeline=True, reason="", runs=True,
+        tp_divisors=(("heads", 4), ("kv_heads", 4), ("ffn", 128), ("hidden", 32)))
+    assert capabilities(SPECS["llama"]).tp_divisors == (
+        ("num_attention_heads", 4), ("num_key_value_heads", 2), ("intermediate_size", 128))

@@ -14,8 +14,12 @@
   without a stage adapter) no plan of it can run, so the three flags above put no limit on
   planning (they are True) and ``reason`` says it is plan-only.
 
-Data parallelism and ZeRO 0-3 are always possible for a model that runs. Sizes are not
-capabilities: ``tp`` must still divide the head and MLP widths (:mod:`engine.validate`).
+* ``tp_divisors`` — the sizes a tensor-parallel degree must divide (attention heads, KV
+  heads, MLP width); :meth:`ModelCapabilities.allows_tp` checks a degree against them.
+
+Data parallelism and ZeRO 0-3 are always possible for a model that runs. What depends on
+the plan rather than the model is checked by :mod:`engine.validate` (sequence parallelism
+needs ``tp`` to divide the sequence length; at least one block per pipeline stage).
 
 The answers (checked against what the engine accepts by ``tests/test_engine_hf.py``):
 
@@ -52,11 +56,19 @@ class ModelCapabilities:
     pipeline: bool
     reason: str = ""
     runs: bool = True
+    #: (what, size) pairs a tensor-parallel degree must divide (heads, KV heads, MLP width)
+    tp_divisors: tuple[tuple[str, int], ...] = ()
+
+    def allows_tp(self, tp: int) -> bool:
+        """Can the engine run tensor-parallel degree ``tp`` (1 always)?"""
+        return tp == 1 or (self.tensor_parallel
+                           and all(n % tp == 0 for _, n in self.tp_divisors))
 
 
-def _caps(*, tp: bool, pp: bool, why: list[str]) -> ModelCapabilities:
+def _caps(*, tp: bool, pp: bool, why: list[str],
+          divisors: tuple[tuple[str, int], ...]) -> ModelCapabilities:
     return ModelCapabilities(tensor_parallel=tp, sequence_parallel=tp, pipeline=pp,
-                             reason="; ".join(why))
+                             reason="; ".join(why), tp_divisors=divisors)
 
 
 def capabilities(spec: ModelSpec) -> ModelCapabilities:
@@ -64,8 +76,11 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
     if spec.source == "builtin" and spec.name == "gpt":
         from autoplan.models.gpt import GPTConfig
 
-        tied = GPTConfig.from_dict(spec.config).tie_embeddings
-        return _caps(tp=not tied, pp=not tied, why=[_TIED_TP, _TIED_PP] if tied else [])
+        cfg = GPTConfig.from_dict(spec.config)
+        tied = cfg.tie_embeddings
+        return _caps(tp=not tied, pp=not tied, why=[_TIED_TP, _TIED_PP] if tied else [],
+                     divisors=(("heads", cfg.heads), ("kv_heads", cfg.kv_heads or cfg.heads),
+                               ("ffn", cfg.ffn), ("hidden", cfg.hidden)))
     if spec.source == "hf":
         from engine.hf_arch import ARCHITECTURES
 
@@ -73,7 +88,8 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
         if adapter is not None:
             from autoplan.models.hf import hf_config
 
-            tied = bool(getattr(hf_config(spec), "tie_word_embeddings", False))
+            config = hf_config(spec)
+            tied = bool(getattr(config, "tie_word_embeddings", False))
             why = []
             if adapter.tp_layout is None:
                 why.append(f"tensor parallelism: {adapter.no_tp_reason}")
@@ -81,7 +97,8 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
                 why.append(_TIED_TP)
             if tied:
                 why.append(_TIED_PP)
-            return _caps(tp=adapter.tp_layout is not None and not tied, pp=not tied, why=why)
+            return _caps(tp=adapter.tp_layout is not None and not tied, pp=not tied, why=why,
+                         divisors=adapter.tp_divisors(config))
         supported = f"Hugging Face {sorted(ARCHITECTURES)}"
     else:
         supported = "Hugging Face models with a stage adapter"
