@@ -1,0 +1,518 @@
+"""Cost tables of one layer kind on one logical mesh at one micro-batch.
+
+The pieces are the cost model's (:mod:`autoplan.cost`): compute is
+``ComputeModel.op_time(node, shard)`` per op, communication ``CommModel.time(collective,
+bytes, group)`` per collective, memory the ZeRO model-state and activation formulas of
+:mod:`autoplan.cost.memory` — the same functions the uniform planner's
+:class:`~autoplan.planner.estimate.Estimator` composes, so both planners price the same
+configuration the same way (checked in tests/test_search.py).
+
+Notation: mesh axes a in {0, 1} of sizes n_a; an op strategy s gives a placement per axis for
+each input and output (:mod:`autoplan.planner.strategies`); B is the micro-batch (samples
+per micro-batch of the whole stage), b0 the traced micro-batch.
+
+* **Compute.** An op *splits* along axis a when its strategy shards (or partially sums) an
+  output or shards an activation input along a. With split(s) = prod of n_a over such axes
+  and scale = B / b0 for ops on batch-sized tensors (1 for the rest, e.g. a causal mask)::
+
+      t_fwd, t_bwd = ComputeModel.op_time(node, shard = split(s) / scale)
+
+* **Activations** kept for backward (per micro-batch, per device): the op's saved bytes
+  times scale, divided by the product of n_a over the axes its output is sharded on.
+* **Resharding** a tensor of S bytes (full size at B) from placement p to q, axis by axis
+  (``conversions``): Shard->Replicate all-gather, Partial->Replicate all-reduce,
+  Partial->Shard reduce-scatter, Shard(i)->Shard(j) all-to-all, Replicate->Shard free (a
+  local slice); the collective on axis a moves S / prod_{b != a} (n_b if either placement
+  shards along b).
+* **Backward** of an edge: the consumer hands back the gradient in the *dual* of its input
+  placement (Shard(d) -> Shard(d); Replicate -> Partial when the consumer splits along that
+  axis, else Replicate; a Partial parameter input -> Replicate), and the producer needs it in
+  the dual of its output placement (Shard(d) -> Shard(d), Replicate or Partial ->
+  Replicate); the conversion between the two is costed like a forward one. Partial
+  gradients of one tensor from several consumers are summed locally first: one collective.
+* **Parameters.** A parameter's placement is the one its reading op's strategy gives it.
+  Its *sync axes* are those it is replicated along while the op splits along them: its
+  gradient is summed over them once per step (Rajbhandari et al. 2019, ZeRO: all-reduce, or
+  reduce-scatter + all-gather, the same volume). ``psi`` buckets local parameter counts (after
+  tensor sharding) by sync axes; ZeRO stage z then shards optimizer states (z >= 1),
+  gradients (z >= 2) and parameters (z = 3) over the sync group, and z = 3 gathers the
+  parameters twice per micro-batch (forward and backward).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoplan.cluster import Cluster
+from autoplan.cost.comm import CommModel, Group, bus_factor
+from autoplan.cost.compute import ComputeModel
+from autoplan.cost.memory import PRECISION_BYTES
+from autoplan.graph import OpGraph
+from autoplan.planner.mesh import LogicalMesh
+from autoplan.planner.strategies import (AXES, KindGraph, Spec, Strategy, members,
+                                         output_spec)
+
+REDUCE_BYTES = 4                         # gradients are reduced in fp32 (as the Estimator)
+#: sync-axes buckets of parameters: index -> the axes
+BUCKETS: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (0, 1))
+
+
+@dataclass(frozen=True)
+class Conversion:
+    collective: str            # all_gather | all_reduce | reduce_scatter | all_to_all
+    axis: int
+    divisor: int               # the collective moves full_bytes / divisor
+
+
+@functools.lru_cache(maxsize=65536)
+def conversions(src: Spec, dst: Spec, sizes: tuple[int, ...]) -> tuple[Conversion, ...]:
+    """Collectives that turn placement ``src`` into ``dst`` on a mesh of ``sizes``."""
+    out = []
+    for a in range(AXES):
+        p, q = src[a], dst[a]
+        if p == q or sizes[a] == 1 or q == "P" and p == "R":
+            continue
+        if p == "R" and q.startswith("S"):
+            continue                            # a local slice
+        if p == "P":
+            coll = "all_reduce" if q == "R" else "reduce_scatter"
+        elif q == "R" or q == "P":
+            coll = "all_gather"
+        else:
+            coll = "all_to_all"
+        div = 1
+        for b in range(AXES):
+            if b != a and (src[b].startswith("S") or dst[b].startswith("S")):
+                div *= sizes[b]
+        out.append(Conversion(coll, a, div))
+    return tuple(out)
+
+
+def splits(strategy: Strategy, activation_inputs: tuple[bool, ...]) -> tuple[bool, ...]:
+    """Per axis: does the op's work divide along it (module docstring)?"""
+    out = []
+    for a in range(AXES):
+        s = any(o is not None and o[a] != "R" for o in strategy.outputs)
+        s = s or any(act and spec[a].startswith("S")
+                     for spec, act in zip(strategy.inputs, activation_inputs))
+        out.append(s)
+    return tuple(out)
+
+
+def grad_spec(spec: Spec, split: tuple[bool, ...]) -> Spec:
+    """Placement of the gradient a consumer hands back for an input placed ``spec``."""
+    return tuple("R" if p == "P" else ("P" if p == "R" and split[a] else p)
+                 for a, p in enumerate(spec))
+
+
+def required_grad(spec: Spec) -> Spec:
+    """Placement a producer needs its output's gradient in."""
+    return tuple("R" if p == "P" else p for p in spec)
+
+
+@dataclass(frozen=True)
+class TensorEdge:
+    """A tensor from (anchor u, op p, output o) into (anchor v, op m, input slot q)."""
+
+    u: int                     # index into KindCosts.anchors (or of the producing kind)
+    p: int
+    o: int
+    v: int
+    m: int
+    q: int
+    nbytes: float              # full bytes at the micro-batch
+
+
+@dataclass
+class KindCosts:
+    """Per-anchor arrays over the anchor's candidate strategies valid on ``mesh``."""
+
+    kg: KindGraph
+    mesh: LogicalMesh
+    micro_batch: int
+    anchors: list[int]                        # op positions
+    cand: list[np.ndarray]                    # valid strategy indices per anchor
+    fwd: list[np.ndarray]                     # compute seconds per micro-batch
+    bwd: list[np.ndarray]
+    comm_fwd: list[np.ndarray]                # resharding inside the group (followers)
+    comm_bwd: list[np.ndarray]
+    internal: list[list[list[tuple[str, str, int, float]]]]
+    # per anchor, per candidate: (direction, collective, axis, bytes) of that resharding
+    act: list[np.ndarray]                     # bytes kept per micro-batch (no recompute)
+    psi: list[np.ndarray]                     # (K, 4) local parameter counts per bucket
+    gathered: list[np.ndarray]                # parameter bytes held when ungathered (K,)
+    edges: list[TensorEdge]                   # within the layer, between different anchors
+    out_spec: list[dict[tuple[int, int], list[Spec | None]]] = field(default_factory=list)
+    # per anchor: {(op pos, output): spec per candidate}
+    in_info: dict[tuple[int, int], tuple[int, list[Spec], list[tuple[bool, ...]]]] = \
+        field(default_factory=dict)
+    # (op pos, slot) -> (anchor index, input spec per candidate, splits per candidate)
+    sinks: frozenset[int] = frozenset()
+    # ops whose inputs need no gradient (parameters, batch inputs, or such ops): a Partial
+    # gradient reaching them is left partial and summed with the parameter gradients once
+    # per step (an embedding of positions broadcast over a data-parallel batch)
+
+    def index(self, pos: int) -> int:
+        return self.anchors.index(pos)
+
+
+class CostModel:
+    """The cost model for one (graph, cluster, precision): cached op and collective times."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, *, precision: str = "mixed",
+                 compute: ComputeModel | None = None, comm: CommModel | None = None):
+        self.graph = graph
+        self.cluster = cluster
+        self.precision = precision
+        compute_dtype = "bfloat16" if precision == "mixed" else "float32"
+        self.compute = compute or ComputeModel(cluster.device, dtype=compute_dtype)
+        self.comm = comm or CommModel(cluster)
+        self.b0 = graph.batch.batch_size
+        self.param_bytes = PRECISION_BYTES[precision][0]
+        self.state_bytes = PRECISION_BYTES[precision]
+        self._op_cache: dict[tuple[str, float], tuple[float, float]] = {}
+        self._coll_cache: dict[tuple[str, Group], tuple] = {}
+        self._struct_cache: dict[tuple, list] = {}
+        self._names = list(graph.nodes)
+
+    # ---- primitives ----------------------------------------------------------------------
+    def op_time(self, name: str, shard: float) -> tuple[float, float]:
+        key = (name, shard)
+        hit = self._op_cache.get(key)
+        if hit is None:
+            hit = self.compute.op_time(self.graph.nodes[name], shard=shard)
+            self._op_cache[key] = hit
+        return hit
+
+    def coll(self, collective: str, nbytes: float, group: Group) -> float:
+        """``CommModel.time`` with its per-(collective, group) terms cached: the same
+        arithmetic, so the same result."""
+        if nbytes <= 0 or group.size <= 1:
+            return 0.0
+        key = (collective, group)
+        terms = self._coll_cache.get(key)
+        if terms is None:
+            comm = self.comm
+            comm._check_group(group)
+            factor = bus_factor(collective, group.size)
+            fitted = comm.fitted.get((collective, comm.level(group)))
+            if fitted is not None:
+                terms = (True, fitted[0], factor, fitted[1])
+            else:
+                terms = (False, comm.alpha(collective, group), factor,
+                         comm.bus_bandwidth(group))
+            self._coll_cache[key] = terms
+        is_fitted, alpha, factor, x = terms
+        if is_fitted:
+            return alpha + nbytes * factor * x
+        return alpha + nbytes * factor / x
+
+    def line(self, collective: str, group: Group) -> tuple[float, float]:
+        """(alpha, seconds per byte) of ``collective`` on ``group``: t = alpha + beta S for
+        S > 0 (0, 0 for a group of one)."""
+        if group.size <= 1:
+            return 0.0, 0.0
+        self.coll(collective, 1.0, group)
+        is_fitted, alpha, factor, x = self._coll_cache[(collective, group)]
+        return alpha, (factor * x if is_fitted else factor / x)
+
+    def conversion_time(self, convs: tuple[Conversion, ...], nbytes: float,
+                        mesh: LogicalMesh) -> float:
+        return sum(self.coll(c.collective, nbytes / c.divisor, mesh.group((c.axis,)))
+                   for c in convs)
+
+    # ---- one kind ------------------------------------------------------------------------
+    def layer_nodes(self, kg: KindGraph, layer: int | None = None) -> list[str]:
+        return self.graph.layers[kg.layer if layer is None else layer].nodes
+
+    def kind_costs(self, kg: KindGraph, mesh: LogicalMesh, micro_batch: int, *,
+                   exported: frozenset[int] = frozenset()) -> KindCosts:
+        """Cost arrays of ``kg`` on ``mesh`` at ``micro_batch`` (module docstring).
+        ``exported``: ops whose outputs the next layer reads; their saved bytes belong to
+        that layer (which keeps its input), as in ``LayerStats.saved_bytes``."""
+        names = self.layer_nodes(kg)
+        nodes = [self.graph.nodes[n] for n in names]
+        scale_b = micro_batch / self.b0
+        structure = self._structure(kg, mesh.shape, exported)
+        anchors = kg.anchors
+        cand, fwd, bwd, act, psi, gathered, out_specs = [], [], [], [], [], [], []
+        cfwd, cbwd, internal = [], [], []
+        in_info: dict[tuple[int, int], tuple[int, list, list]] = {}
+        for ai, a in enumerate(anchors):
+            keep, f_l, b_l, act_l, psi_l, g_l = [], [], [], [], [], []
+            cf_l, cb_l, in_l = [], [], []
+            outs: dict[tuple[int, int], list] = {}
+            ins: dict[tuple[int, int], tuple[list, list]] = {}
+            for k, rec in structure[ai]:
+                if not all(_int_divides(dim * scale_b, n) for dim, _, n in rec.checks):
+                    continue
+                f = b = 0.0
+                for name, n_split, batchy in rec.ops:
+                    tf, tb = self.op_time(name, n_split / (scale_b if batchy else 1.0))
+                    f += tf
+                    b += tb
+                moves = [(d, c, ax, nb * (scale_b if sc else 1.0) / div)
+                         for d, c, ax, nb, sc, div in rec.moves]
+                keep.append(k)
+                in_l.append(moves)
+                cf_l.append(sum(self.coll(c, x, mesh.group((ax,)))
+                                for d, c, ax, x in moves if d == "fwd"))
+                cb_l.append(sum(self.coll(c, x, mesh.group((ax,)))
+                                for d, c, ax, x in moves if d == "bwd"))
+                f_l.append(f)
+                b_l.append(b)
+                act_l.append(sum(nb * (scale_b if batchy else 1.0) / shard
+                                 for nb, batchy, shard in rec.saved))
+                psi_l.append(rec.pvec)
+                g_l.append(rec.gbytes)
+                for key, spec in rec.o_specs.items():
+                    outs.setdefault(key, []).append(spec)
+                for key, val in rec.i_specs.items():
+                    ins.setdefault(key, ([], []))
+                    ins[key][0].append(val[0])
+                    ins[key][1].append(val[1])
+            if not keep:
+                raise ValueError(f"op {kg.ops[a].name} ({kg.ops[a].op}) has no placement "
+                                 f"valid on a {mesh.label()} mesh at micro-batch "
+                                 f"{micro_batch}")
+            cand.append(np.array(keep))
+            fwd.append(np.array(f_l))
+            bwd.append(np.array(b_l))
+            cfwd.append(np.array(cf_l))
+            cbwd.append(np.array(cb_l))
+            internal.append(in_l)
+            act.append(np.array(act_l))
+            psi.append(np.array(psi_l).reshape(len(keep), len(BUCKETS)))
+            gathered.append(np.array(g_l))
+            out_specs.append(outs)
+            for key, (specs, spl) in ins.items():
+                in_info[key] = (ai, specs, spl)
+        index = {a: i for i, a in enumerate(anchors)}
+        edges = []
+        for m, info in enumerate(kg.ops):
+            if m in kg.param_chain or kg.anchor_of[m] not in index:
+                continue
+            v = index[kg.anchor_of[m]]
+            for q, src in enumerate(info.inputs):
+                if src.kind != "op" or src.ref in kg.param_chain:
+                    continue
+                u = index[kg.anchor_of[src.ref]]
+                if u == v:
+                    continue
+                meta = nodes[m].input_meta[q]
+                nbytes = meta.nbytes * (scale_b if _scaled(info.input_shapes[q], meta)
+                                        else 1.0)
+                edges.append(TensorEdge(u, src.ref, src.output, v, m, q, nbytes))
+        return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
+                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg))
+
+    def _structure(self, kg: KindGraph, sizes: tuple[int, int], exported: frozenset[int]
+                   ) -> list[list[tuple[int, "_Candidate"]]]:
+        """Per anchor, (strategy, what does not depend on the micro-batch) of each strategy
+        valid on a mesh of ``sizes`` (cached per kind and mesh shape)."""
+        key = (kg.kind, kg.layer, sizes, exported)
+        hit = self._struct_cache.get(key)
+        if hit is None:
+            nodes = [self.graph.nodes[n] for n in self.layer_nodes(kg)]
+            hit = []
+            for a in kg.anchors:
+                mem = members(kg, a)
+                row = []
+                for k in range(len(kg.ops[a].strategies)):
+                    rec = self._candidate(kg, a, k, mem, nodes, sizes, exported)
+                    if rec is not None:
+                        row.append((k, rec))
+                hit.append(row)
+            self._struct_cache[key] = hit
+        return hit
+
+    def _candidate(self, kg, a, k, mem, nodes, sizes, exported) -> "_Candidate | None":
+        """Anchor ``a`` choosing strategy ``k``: what it costs, in terms of the micro-batch
+        scale (None if invalid on the mesh whatever the micro-batch)."""
+        rec = _Candidate()
+        seen_params: set[str] = set()
+        seen_moves: set = set()
+        for pos in mem:
+            info = kg.ops[pos]
+            s = info.strategies[_member_choice(kg, pos, k)]
+            node = nodes[pos]
+            acts = tuple(src.kind in ("external", "leaf") or
+                         (src.kind == "op" and src.ref not in kg.param_chain)
+                         for src in info.inputs)
+            # validity: shards divide the real dims; size-1 axes carry only Replicate
+            # (a Partial parameter input, the bias of a row-parallel op, is stored replicated)
+            for spec, shape_p, meta in list(zip(s.inputs, info.input_shapes, node.input_meta)) \
+                    + list(zip(s.outputs, info.output_shapes, node.output_meta)):
+                if spec is None:
+                    continue
+                for d in {int(p[1:]) for p in spec if p.startswith("S")}:
+                    if d >= len(meta.shape):
+                        return None
+                    n = math.prod(sizes[x] for x in range(AXES) if spec[x] == f"S{d}")
+                    scaled = shape_p[d] != meta.shape[d]
+                    if not scaled and meta.shape[d] % n:
+                        return None
+                    if scaled:
+                        rec.checks.append((meta.shape[d], True, n))
+            for a_ in range(AXES):
+                if sizes[a_] > 1:
+                    continue
+                if any(o is not None and o[a_] != "R" for o in s.outputs) or any(
+                        spec[a_] != "R" and not (spec[a_] == "P" and not act)
+                        for spec, act in zip(s.inputs, acts)):
+                    return None
+            split = splits(s, acts)
+            n_split = math.prod(sizes[x] for x in range(AXES) if split[x])
+            batchy = any(_scaled(p, m) for p, m in zip(info.output_shapes, node.output_meta)) \
+                or any(_scaled(p, m) for p, m in zip(info.input_shapes, node.input_meta))
+            rec.ops.append((node.name, n_split, batchy))
+            move = kg.reshard.get(pos, {}).get(k)
+            q = next((j for j, act in enumerate(acts) if act), None)
+            if move is not None and (info.inputs[q].ref, info.inputs[q].output, move) \
+                    not in seen_moves:   # the follower reshards its input first (once)
+                seen_moves.add((info.inputs[q].ref, info.inputs[q].output, move))
+                meta = node.input_meta[q]
+                sc = _scaled(info.input_shapes[q], meta)
+                for c in conversions(move[0], move[1], sizes):
+                    rec.moves.append(("fwd", c.collective, c.axis, meta.nbytes, sc, c.divisor))
+                # backward of a gather: the consumers' partial sums are reduce-scattered
+                # (Megatron's sequence-parallel pairing), otherwise the dual as usual
+                g = tuple("P" if a in gathered_axes(move) else x
+                          for a, x in enumerate(grad_spec(move[1], split)))
+                for c in conversions(g, required_grad(move[0]), sizes):
+                    rec.moves.append(("bwd", c.collective, c.axis, meta.nbytes, sc, c.divisor))
+            if node.saved_bytes and pos not in exported:
+                o0 = s.outputs[0] if s.outputs else None
+                shard = math.prod(sizes[x] for x in range(AXES)
+                                  if o0 is not None and o0[x].startswith("S"))
+                rec.saved.append((node.saved_bytes, batchy, shard))
+            for o, spec in enumerate(s.outputs):
+                rec.o_specs[(pos, o)] = spec
+            for q, spec in enumerate(s.inputs):
+                rec.i_specs[(pos, q)] = (spec, split)
+            # parameters read by this op (directly or through a view of it)
+            for q, src in enumerate(info.inputs):
+                fqn, pspec = _param_spec(kg, src, s.inputs[q])
+                if fqn is None or fqn in seen_params:
+                    continue
+                if pspec is None:
+                    return None
+                pinfo = self.graph.params.get(fqn)
+                if pinfo is None or pinfo.layer != kg.layer:
+                    continue
+                seen_params.add(fqn)
+                shard = math.prod(sizes[x] for x in range(AXES) if pspec[x].startswith("S"))
+                local = pinfo.numel / shard
+                raw = s.inputs[q]       # a Partial use (a row-parallel bias) gets an R grad
+                sync = tuple(x for x in range(AXES) if sizes[x] > 1 and raw[x] == "R"
+                             and not pspec[x].startswith("S") and split[x])
+                rec.pvec[BUCKETS.index(sync)] += local
+                rec.gbytes += local * self.param_bytes
+        return rec
+
+
+@dataclass
+class _Candidate:
+    """What one anchor strategy costs, independent of the micro-batch (``scaled``/``batchy``
+    say which figures grow with it)."""
+
+    checks: list[tuple[int, bool, int]] = field(default_factory=list)  # (dim, scaled, divisor)
+    ops: list[tuple[str, int, bool]] = field(default_factory=list)      # (node, split, batchy)
+    moves: list[tuple] = field(default_factory=list)    # (dir, coll, axis, bytes, scaled, div)
+    saved: list[tuple[int, bool, int]] = field(default_factory=list)   # (bytes, batchy, shard)
+    pvec: list[float] = field(default_factory=lambda: [0.0] * len(BUCKETS))
+    gbytes: float = 0.0
+    o_specs: dict = field(default_factory=dict)
+    i_specs: dict = field(default_factory=dict)
+
+
+def _scaled(shape_probe, meta) -> bool:
+    """Does a tensor grow with the batch (its probe shape differs from the traced one)?"""
+    return tuple(shape_probe) != tuple(meta.shape)
+
+
+def _int_divides(x: float, n: int) -> bool:
+    return x == int(x) and int(x) % n == 0
+
+
+def gathered_axes(move: tuple[Spec, Spec] | None) -> set[int]:
+    """Axes a follower's input resharding gathers (Shard -> Replicate)."""
+    if move is None:
+        return set()
+    return {a for a in range(AXES) if move[0][a].startswith("S") and move[1][a] == "R"}
+
+
+def passes_partial(kg: KindGraph, pos: int, anchor_choice: int, axis: int) -> bool:
+    """Does op ``pos`` (a follower that gathered its input along ``axis``) take a Partial
+    gradient back unchanged, to reduce-scatter it itself?"""
+    move = kg.reshard.get(pos, {}).get(anchor_choice)
+    return axis in gathered_axes(move)
+
+
+def grad_sinks(kg: KindGraph) -> frozenset[int]:
+    """Positions of ops none of whose inputs needs a gradient (see KindCosts.sinks)."""
+    out: set[int] = set()
+    for info in kg.ops:
+        if all(src.kind in ("param", "leaf") or (src.kind == "op" and (
+                src.ref in out or src.ref in kg.param_chain)) for src in info.inputs):
+            out.add(info.pos)
+    return frozenset(out)
+
+
+def _member_choice(kg: KindGraph, pos: int, k: int) -> int:
+    return k if kg.anchor_of[pos] == pos else kg.follow[pos][k]
+
+
+def _param_spec(kg: KindGraph, src, use: Spec) -> tuple[str | None, Spec | None]:
+    """(FQN, placement in the parameter's own dims) of a parameter input, or (None, None)."""
+    if src.kind == "param":
+        return src.ref, tuple("R" if p == "P" else p for p in use)
+    if src.kind == "op" and src.ref in kg.param_chain:
+        fqn = kg.param_chain[src.ref]
+        for pspec, vspec in kg.param_chain_map[src.ref].items():
+            if vspec == use:
+                return fqn, pspec
+        return fqn, None
+    return None, None
+
+
+def edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[TensorEdge],
+                  multi: set[tuple[int, int]] | None = None
+                  ) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """(u, v) -> (forward, backward) resharding seconds per micro-batch, K_u x K_v.
+
+    Backward Partial->X conversions into the producer anchors in ``multi`` (read by several
+    anchors) are left out: the ILP charges them once per producer group
+    (:mod:`autoplan.planner.intra_op`)."""
+    multi = multi or set()      # producer anchors whose Partial gradients are summed once
+    mesh = kc_v.mesh
+    out: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    for e in edges:
+        src = kc_u.out_spec[e.u][(e.p, e.o)]
+        _, dst, spl = kc_v.in_info[(e.m, e.q)]
+        key = (e.u, e.v)
+        if key not in out:
+            shape = (len(kc_u.cand[e.u]), len(kc_v.cand[e.v]))
+            out[key] = (np.zeros(shape), np.zeros(shape))
+        fm, bm = out[key]
+        drop_partial = e.u in multi
+        for i, s_spec in enumerate(src):
+            for j, d_spec in enumerate(dst):
+                if s_spec is None or d_spec is None:
+                    fm[i, j] = bm[i, j] = math.inf
+                    continue
+                fm[i, j] += cm.conversion_time(conversions(s_spec, d_spec, mesh.shape),
+                                               e.nbytes, mesh)
+                g = grad_spec(d_spec, spl[j])
+                r = required_grad(s_spec)
+                convs = conversions(g, r, mesh.shape)
+                k_i = kc_u.cand[e.u][i]
+                convs = tuple(c for c in convs if not (g[c.axis] == "P" and (
+                    drop_partial or e.p in kc_u.sinks or
+                    passes_partial(kc_u.kg, e.p, k_i, c.axis))))
+                bm[i, j] += cm.conversion_time(convs, e.nbytes, mesh)
+    return out

@@ -1,0 +1,406 @@
+r"""The intra-op pass: an ILP choosing one placement per op group and a ZeRO stage.
+
+Formulation (Alpa, Zheng et al. 2022, sec. 4; meta-pytorch/autoparallel's layout). The
+instance is plain arrays (:class:`IntraOpProblem`), built from cost tables by
+:mod:`autoplan.planner.compose`; this module only solves and checks it.
+
+Variables::
+
+    x_{v,j} in {0,1}     op group v takes candidate placement j         (one-hot per v)
+    zeta_z  in {0,1}     the stage's ZeRO stage is z in {0,1,2,3}          (one-hot)
+    e_{uv,ij} in {0,1}   groups u, v joined by an edge take i and j        (edge pairs)
+    w_{v,jz} in {0,1}    group v takes j while the ZeRO stage is z         (ZeRO pairs)
+    y_{g,i}  in {0,1}    a Partial gradient reaches tensor g's producer choosing i
+    h_k >= 0             exposed (not overlapped) time of a collective family k
+    p_l >= 0             the largest of a family of memory terms l
+
+Objective (seconds of one training step on the stage, plus lambda per byte)::
+
+    min  sum_v c_v . x_v  +  sum_{uv} C_uv : e_uv  +  sum_v Z_v : w_v  +  sum_g r_g . y_g
+         + sum_k omega_k h_k  +  lambda * Mem
+
+with c_v the group's compute (micro-batches x (forward + backward [+ recomputed forward])),
+C_uv the resharding its edges imply (forward and backward), Z_v what the parameters read by
+v cost at ZeRO stage z (optimizer step), r_g one collective for the summed Partial
+gradients of a tensor read by several groups.
+
+Constraints, each family added by one method of :class:`IlpBuilder`:
+
+* one choice:            sum_j x_{v,j} = 1,  sum_z zeta_z = 1          -> ``_add_choices``
+* edge consistency:      sum_j e_{uv,ij} = x_{u,i},  sum_i e_{uv,ij} = x_{v,j}
+                                                                        -> ``_add_edges``
+* ZeRO pairing:          sum_z w_{v,jz} = x_{v,j},  sum_j w_{v,jz} = zeta_z
+                                                                        -> ``_add_zero``
+* Partial gradients:     y_{g,i} >= e_{uv,ij}  for every pair (i, j) of g's edges whose
+                         gradient is Partial                            -> ``_add_partials``
+* overlap (the Estimator's ``_exposed``, c = OVERLAP_COST):
+                         h_k >= A_k - (1 - c) B_k,   h_k >= c A_k       -> ``_add_hinges``
+  (A_k: a collective's time, e.g. the gradient all-reduce; B_k: the compute it overlaps)
+* memory per device:     sum_v m_v . x_v + sum_v M_v : w_v + sum_l p_l <= budget,
+                         p_l >= L_{l,r}  for each term r of family l    -> ``_add_memory``
+  (m_v: activations kept x micro-batches in flight; M_v: parameters, gradients and
+  optimizer states at ZeRO stage z; p_l: one recomputed layer's activations, or under
+  ZeRO-3 one layer's gathered parameters)
+
+Solved as a mixed-integer program through OR-Tools' linear-solver wrapper (CBC by default;
+SCIP and HiGHS work too), one thread, so the answer is deterministic.
+:func:`brute_force` enumerates every assignment of a small instance and :func:`objective`
+evaluates one — pure functions over the arrays, used to cross-check the solver
+(tests/test_search.py). :func:`explain` prices each alternative of a group with the rest of
+the solution fixed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoplan.errors import InfeasibleError
+
+log = logging.getLogger(__name__)
+
+ZERO_STAGES = 4
+
+
+@dataclass
+class Linear:
+    """A linear expression over x (``node``: v -> coefficient per candidate) and w
+    (``zpair``: v -> (K_v x 4) coefficients)."""
+
+    node: dict[int, np.ndarray] = field(default_factory=dict)
+    zpair: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def value(self, choice: list[int], z: int) -> float:
+        out = sum(float(c[choice[v]]) for v, c in self.node.items())
+        return out + sum(float(c[choice[v], z]) for v, c in self.zpair.items())
+
+
+@dataclass
+class Hinge:
+    """weight * max(A - (1 - c) B, c A): the exposed part of a collective (time A)
+    overlapped with compute (time B), plus c of the hidden part. ``weight`` is a positive
+    integer (how often per step it happens: 1, or the number of micro-batches)."""
+
+    a: Linear
+    b: Linear
+    c: float
+    weight: float = 1.0
+
+    def value(self, choice: list[int], z: int) -> float:
+        a, b = self.a.value(choice, z), self.b.value(choice, z)
+        return self.weight * max(a - (1 - self.c) * b, self.c * a)
+
+
+@dataclass
+class PartialGroup:
+    """A tensor read by several groups: one collective for its summed Partial gradients.
+    ``pairs``: (edge index, K_u x K_v bool mask of pairs that hand back a Partial)."""
+
+    u: int
+    cost: np.ndarray                       # (K_u,) seconds of the collective
+    pairs: list[tuple[int, np.ndarray]]
+
+
+@dataclass
+class IntraOpProblem:
+    """One ILP instance (module docstring); times in seconds, memory in bytes."""
+
+    names: list[str]                       # per group (for messages and explain)
+    node_cost: list[np.ndarray]
+    node_mem: list[np.ndarray]
+    edges: list[tuple[int, int, np.ndarray]]
+    zcost: dict[int, np.ndarray] = field(default_factory=dict)     # v -> (K_v, 4)
+    zmem: dict[int, np.ndarray] = field(default_factory=dict)      # v -> (K_v, 4)
+    partials: list[PartialGroup] = field(default_factory=list)
+    hinges: list[Hinge] = field(default_factory=list)
+    mem_max: list[list[Linear]] = field(default_factory=list)
+    budget: float = math.inf
+    mem_weight: float = 0.0                # lambda, seconds per byte
+    zero_allowed: tuple[int, ...] = (0, 1, 2, 3)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(c) for c in self.node_cost]
+
+    def describe(self) -> str:
+        pairs = sum(int(np.isfinite(m).sum()) for _, _, m in self.edges)
+        return (f"{len(self.node_cost)} groups, {sum(self.sizes)} placement variables, "
+                f"{len(self.edges)} edges ({pairs} pair variables), "
+                f"{sum(m.size for m in self.zcost.values())} ZeRO pairs")
+
+
+@dataclass
+class Solution:
+    choice: list[int]                      # candidate per group
+    zero: int
+    objective: float                       # seconds (+ lambda * memory)
+    memory: float                          # bytes per device
+    seconds: float = 0.0                   # solve time
+    status: str = "OPTIMAL"
+
+
+# ---- pure evaluation -----------------------------------------------------------------------
+
+def memory(problem: IntraOpProblem, choice: list[int], z: int) -> float:
+    """Bytes per device of an assignment."""
+    out = sum(float(m[choice[v]]) for v, m in enumerate(problem.node_mem))
+    out += sum(float(m[choice[v], z]) for v, m in problem.zmem.items())
+    out += sum(max((t.value(choice, z) for t in fam), default=0.0) for fam in problem.mem_max)
+    return out
+
+
+def objective(problem: IntraOpProblem, choice: list[int], z: int) -> dict[str, float]:
+    """Objective terms of an assignment: compute, edges, zero, partials, hinges, memory
+    and their ``total`` (inf when a chosen pair is impossible)."""
+    compute = sum(float(c[choice[v]]) for v, c in enumerate(problem.node_cost))
+    edges = sum(float(m[choice[u], choice[v]]) for u, v, m in problem.edges)
+    zero = sum(float(c[choice[v], z]) for v, c in problem.zcost.items())
+    partial = 0.0
+    for g in problem.partials:
+        if any(mask[choice[problem.edges[k][0]], choice[problem.edges[k][1]]]
+               for k, mask in g.pairs):
+            partial += float(g.cost[choice[g.u]])
+    hinge = sum(h.value(choice, z) for h in problem.hinges)
+    mem = memory(problem, choice, z)
+    total = compute + edges + zero + partial + hinge + problem.mem_weight * mem
+    return {"compute": compute, "edges": edges, "zero": zero, "partials": partial,
+            "hinges": hinge, "memory": mem, "total": total}
+
+
+def feasible(problem: IntraOpProblem, choice: list[int], z: int) -> bool:
+    return z in problem.zero_allowed and memory(problem, choice, z) <= problem.budget * (1 + 1e-9)
+
+
+def brute_force(problem: IntraOpProblem) -> Solution:
+    """The optimum by enumeration (small instances only)."""
+    best: Solution | None = None
+    for z in problem.zero_allowed:
+        for choice in itertools.product(*[range(k) for k in problem.sizes]):
+            choice = list(choice)
+            if not feasible(problem, choice, z):
+                continue
+            val = objective(problem, choice, z)["total"]
+            if best is None or val < best.objective - 1e-12:
+                best = Solution(choice, z, val, memory(problem, choice, z))
+    if best is None:
+        raise InfeasibleError(_infeasible_message(problem))
+    return best
+
+
+# ---- the ILP ----------------------------------------------------------------------------
+
+class IlpBuilder:
+    """Builds the mixed-integer program of an :class:`IntraOpProblem` (module docstring)
+    with OR-Tools' linear-solver wrapper; times in seconds, memory in GB."""
+
+    def __init__(self, problem: IntraOpProblem, backend: str = "CBC"):
+        from ortools.linear_solver import pywraplp
+
+        self.p = problem
+        self.s = pywraplp.Solver.CreateSolver(backend)
+        if self.s is None:
+            raise RuntimeError(f"OR-Tools has no {backend} backend here")
+        self.inf = self.s.infinity()
+        self.obj: list = []
+        self.mem: list = []
+        self.x: list[list] = []
+        self.zeta: list = []
+        self.e: list[dict[tuple[int, int], object]] = []
+        self.w: dict[int, dict[tuple[int, int], object]] = {}
+
+    def build(self):
+        self._add_choices()
+        self._add_edges()
+        self._add_zero()
+        self._add_partials()
+        self._add_hinges()
+        self._add_memory()
+        self.s.Minimize(self.s.Sum(self.obj))
+        return self.s
+
+    def _add_choices(self) -> None:
+        p, s = self.p, self.s
+        lam = p.mem_weight
+        for v, cost in enumerate(p.node_cost):
+            xs = [s.BoolVar(f"x[{v},{j}]") for j in range(len(cost))]
+            s.Add(s.Sum(xs) == 1)
+            self.x.append(xs)
+            for j, xv in enumerate(xs):
+                c = float(cost[j] + lam * p.node_mem[v][j])
+                if c:
+                    self.obj.append(c * xv)
+                if p.node_mem[v][j]:
+                    self.mem.append(float(p.node_mem[v][j]) / 1e9 * xv)
+        self.zeta = [s.BoolVar(f"zero{z}") for z in range(ZERO_STAGES)]
+        s.Add(s.Sum(self.zeta) == 1)
+        for z in range(ZERO_STAGES):
+            if z not in p.zero_allowed:
+                s.Add(self.zeta[z] == 0)
+
+    def _add_edges(self) -> None:
+        p, s = self.p, self.s
+        for k, (u, v, cost) in enumerate(p.edges):
+            pairs: dict[tuple[int, int], object] = {}
+            ku, kv = cost.shape
+            for i in range(ku):
+                for j in range(kv):
+                    if not math.isfinite(cost[i, j]):
+                        continue
+                    var = s.NumVar(0.0, 1.0, f"e{k}[{i},{j}]")
+                    pairs[(i, j)] = var
+                    if cost[i, j]:
+                        self.obj.append(float(cost[i, j]) * var)
+            for i in range(ku):
+                s.Add(s.Sum([var for (a, _), var in pairs.items() if a == i]) == self.x[u][i])
+            for j in range(kv):
+                s.Add(s.Sum([var for (_, b), var in pairs.items() if b == j]) == self.x[v][j])
+            self.e.append(pairs)
+
+    def _add_zero(self) -> None:
+        p, s = self.p, self.s
+        lam = p.mem_weight
+        for v in sorted(set(p.zcost) | set(p.zmem)):
+            k = len(p.node_cost[v])
+            cost = p.zcost.get(v, np.zeros((k, ZERO_STAGES)))
+            mem = p.zmem.get(v, np.zeros((k, ZERO_STAGES)))
+            pairs = {}
+            for j in range(k):
+                for z in range(ZERO_STAGES):
+                    var = s.NumVar(0.0, 1.0, f"w[{v},{j},{z}]")
+                    pairs[(j, z)] = var
+                    c = float(cost[j, z] + lam * mem[j, z])
+                    if c:
+                        self.obj.append(c * var)
+                    if mem[j, z]:
+                        self.mem.append(float(mem[j, z]) / 1e9 * var)
+            for j in range(k):
+                s.Add(s.Sum([pairs[(j, z)] for z in range(ZERO_STAGES)]) == self.x[v][j])
+            for z in range(ZERO_STAGES):
+                s.Add(s.Sum([pairs[(j, z)] for j in range(k)]) == self.zeta[z])
+            self.w[v] = pairs
+
+    def _add_partials(self) -> None:
+        p, s = self.p, self.s
+        for g_i, g in enumerate(p.partials):
+            for i in range(len(g.cost)):
+                if not g.cost[i]:
+                    continue
+                y = s.NumVar(0.0, 1.0, f"y{g_i}[{i}]")
+                self.obj.append(float(g.cost[i]) * y)
+                for k, mask in g.pairs:
+                    for (a, b), var in self.e[k].items():
+                        if a == i and mask[a, b]:
+                            s.Add(y >= var)
+
+    def _linear(self, lin: Linear, scale: float = 1.0):
+        terms = []
+        for v, coef in lin.node.items():
+            terms += [float(coef[j]) * scale * self.x[v][j] for j in range(len(coef))
+                      if coef[j]]
+        for v, coef in lin.zpair.items():
+            if v not in self.w:
+                continue
+            terms += [float(coef[j, z]) * scale * var for (j, z), var in self.w[v].items()
+                      if coef[j, z]]
+        return self.s.Sum(terms) if terms else None
+
+    def _add_hinges(self) -> None:
+        s = self.s
+        for k, h in enumerate(self.p.hinges):
+            a = self._linear(h.a)
+            if a is None:
+                continue
+            b = self._linear(h.b)
+            var = s.NumVar(0.0, self.inf, f"h{k}")
+            s.Add(var >= a - (1.0 - h.c) * b if b is not None else var >= a)
+            s.Add(var >= h.c * a)
+            self.obj.append(h.weight * var)
+
+    def _add_memory(self) -> None:
+        p, s = self.p, self.s
+        lam = p.mem_weight
+        for k, fam in enumerate(p.mem_max):
+            var = s.NumVar(0.0, self.inf, f"peak{k}")
+            for lin in fam:
+                expr = self._linear(lin, 1e-9)
+                if expr is not None:
+                    s.Add(var >= expr)
+            self.mem.append(var)
+            if lam:
+                self.obj.append(lam * 1e9 * var)
+        if math.isfinite(p.budget) and self.mem:
+            s.Add(s.Sum(self.mem) <= p.budget / 1e9)
+
+
+def solve(problem: IntraOpProblem, *, time_limit_s: float = 60.0,
+          backend: str = "CBC") -> Solution:
+    """The optimum of ``problem`` (raises InfeasibleError with the binding memory if none).
+
+    x and zeta are integer; the pair variables e, w, y are continuous in [0, 1] — with x and
+    zeta integral the consistency constraints force them integral too, which keeps the
+    branch-and-bound small."""
+    t0 = time.perf_counter()
+    builder = IlpBuilder(problem, backend)
+    solver = builder.build()
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    solver.SetNumThreads(1)
+    t_build = time.perf_counter() - t0
+    status = solver.Solve()
+    seconds = time.perf_counter() - t0
+    from ortools.linear_solver import pywraplp
+
+    names = {pywraplp.Solver.OPTIMAL: "OPTIMAL", pywraplp.Solver.FEASIBLE: "FEASIBLE",
+             pywraplp.Solver.INFEASIBLE: "INFEASIBLE"}
+    name = names.get(status, f"status {status}")
+    log.info("intra-op ILP: %s; built in %.3f s, solved in %.3f s: %s",
+             problem.describe(), t_build, seconds - t_build, name)
+    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        raise InfeasibleError(_infeasible_message(problem))
+    choice = [max(range(len(xs)), key=lambda j: xs[j].solution_value()) for xs in builder.x]
+    z = max(range(ZERO_STAGES), key=lambda k: builder.zeta[k].solution_value())
+    val = objective(problem, choice, z)
+    return Solution(choice, z, val["total"], val["memory"], seconds, name)
+
+
+def min_memory(problem: IntraOpProblem) -> Solution:
+    """The assignment needing the least memory (what an infeasible message reports)."""
+    relaxed = IntraOpProblem(problem.names, [np.zeros_like(c) for c in problem.node_cost],
+                             problem.node_mem, [(u, v, np.where(np.isfinite(m), 0.0, m))
+                                                for u, v, m in problem.edges],
+                             {}, problem.zmem, [], [], problem.mem_max, math.inf, 1.0 / 1e9,
+                             problem.zero_allowed)
+    return solve(relaxed)
+
+
+def _infeasible_message(problem: IntraOpProblem) -> str:
+    if not math.isfinite(problem.budget):
+        return "the intra-op ILP has no consistent assignment (no placement fits every op)"
+    try:
+        least = min_memory(problem)
+    except InfeasibleError:
+        return "the intra-op ILP has no consistent assignment"
+    return (f"no placement fits in {problem.budget / 1e9:.2f} GB per device: the least "
+            f"memory any placement needs is {least.memory / 1e9:.2f} GB (ZeRO-{least.zero}); "
+            "more devices per stage, more pipeline stages, a smaller micro-batch or "
+            "activation checkpointing would help")
+
+
+def explain(problem: IntraOpProblem, solution: Solution, group: int) -> list[dict]:
+    """Every alternative of ``group`` priced with the rest of ``solution`` fixed: its
+    objective terms, memory and the difference to the chosen one (chosen first)."""
+    rows = []
+    base = objective(problem, solution.choice, solution.zero)
+    for j in range(problem.sizes[group]):
+        choice = list(solution.choice)
+        choice[group] = j
+        val = objective(problem, choice, solution.zero)
+        rows.append({"candidate": j, "chosen": j == solution.choice[group],
+                     "fits": val["memory"] <= problem.budget * (1 + 1e-9), **val,
+                     "delta": val["total"] - base["total"]})
+    rows.sort(key=lambda r: (not r["chosen"], r["total"]))
+    return rows

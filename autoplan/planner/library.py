@@ -1,0 +1,124 @@
+"""Candidate layouts per layer kind: what the intra-op ILP proposes, for the DP to place.
+
+A *layout* is one strategy per op group of a kind (indices into
+``KindGraph.ops[anchor].strategies``), independent of mesh sizes. The library holds, per
+kind, the layouts that the intra-op ILP (:mod:`autoplan.planner.intra_op`) finds optimal
+for the whole model on representative logical meshes:
+
+* every ``(W / b, b)`` mesh over the whole cluster (W devices, b dividing the node size)
+  and every ``(M / b, b)`` mesh of one node, at the micro-batch that gives each device
+  about one sample;
+* at memory weights lambda in ``LAMBDAS`` (seconds per byte: 0 is the fastest layout,
+  larger ones trade time for memory — ZeRO-style sharding, tensor parallelism,
+  sequence sharding; inf stands for 1 s per GB, which in practice minimises memory);
+* plus the uniform planner's layouts (:mod:`autoplan.planner.megatron`: the ILP restricted
+  to Megatron's placements for each TP degree, with and without sequence parallelism), so
+  the search's space contains the uniform one.
+
+Each solve is logged with its problem size and time (``Library.solves``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from autoplan.errors import InfeasibleError
+from autoplan.planner.compose import Composition, ModelStructure, build_problem
+from autoplan.planner.evaluate import Evaluator
+from autoplan.planner.intra_op import solve
+from autoplan.planner.megatron import megatron_restrict
+from autoplan.planner.mesh import LogicalMesh
+
+log = logging.getLogger(__name__)
+
+#: memory weights (seconds per byte) of the library's ILP solves; inf: least memory
+LAMBDAS = (0.0, 1e-11, math.inf)
+
+
+@dataclass
+class Library:
+    layouts: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    origin: dict[tuple[str, tuple[int, ...]], str] = field(default_factory=dict)
+    solves: list[dict] = field(default_factory=list)
+
+    def add(self, kind: str, layout: tuple[int, ...], origin: str) -> None:
+        bucket = self.layouts.setdefault(kind, [])
+        if layout not in bucket:
+            bucket.append(layout)
+            self.origin[(kind, layout)] = origin
+
+    @property
+    def seconds(self) -> float:
+        return sum(s["seconds"] for s in self.solves)
+
+
+def closest_divisor(n: int, target: int) -> int:
+    """The divisor of ``n`` closest to ``target`` (the larger on a tie)."""
+    divs = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divs, key=lambda d: (abs(d - target), -d))
+
+
+def library_meshes(world: int, devices_per_node: int) -> list[LogicalMesh]:
+    out = []
+    for devices in sorted({world, min(world, devices_per_node)}, reverse=True):
+        for b in range(1, devices_per_node + 1):
+            if devices_per_node % b == 0 and devices % b == 0:
+                out.append(LogicalMesh((devices // b, b), devices_per_node))
+    return out
+
+
+def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: int, *,
+                  lambdas=LAMBDAS, backend: str = "CBC", time_limit_s: float = 30.0,
+                  megatron: bool = True) -> Library:
+    """(module docstring)"""
+    lib = Library()
+    graph = ms.graph
+    comp = Composition.of(ms, 0, len(graph.layers))
+    dpn = ev.cm.cluster.devices_per_node
+    for mesh in library_meshes(world, dpn):
+        micro_batch = closest_divisor(global_batch, mesh.size)
+        try:
+            costs = {k: ev.kind_costs(k, mesh, micro_batch) for k, _ in comp.counts}
+        except ValueError:            # an op with no placement valid on this mesh
+            continue
+        m = max(1, global_batch // micro_batch)
+        runs = [(lam, None, f"ILP lambda={lam:g} on {mesh.label()}") for lam in lambdas]
+        if megatron:
+            for sp in ((False, True) if mesh.shape[1] > 1 else (False,)):
+                restrict = {k: megatron_restrict(graph, costs[k], sequence_parallel=sp)
+                            for k, _ in comp.counts}
+                if any(len(r) == 0 for rs in restrict.values() for r in rs):
+                    continue
+                runs.append((0.0, restrict, f"Megatron dp{mesh.shape[0]} tp{mesh.shape[1]}"
+                                            + ("+sp" if sp else "")))
+        for lam, restrict, origin in runs:
+            weight = 1e-9 if not math.isfinite(lam) else lam
+            t0 = time.perf_counter()
+            problem, dec = build_problem(ev.cm, ms, comp, mesh, micro_batch, micro_batches=m,
+                                         in_flight=1, checkpoint=False, mem_weight=weight,
+                                         costs=costs, restrict=restrict)
+            try:
+                sol = solve(problem, time_limit_s=time_limit_s, backend=backend)
+            except InfeasibleError:
+                continue
+            seconds = time.perf_counter() - t0
+            lib.solves.append({"mesh": mesh.label(), "micro_batch": micro_batch,
+                               "origin": origin, "problem": problem.describe(),
+                               "seconds": seconds, "status": sol.status})
+            log.info("library: %s: %s in %.2f s", origin, problem.describe(), seconds)
+            for kind, _ in comp.counts:
+                kc = costs[kind]
+                sel = (restrict or {}).get(kind)
+                layout = []
+                for ai in range(len(kc.anchors)):
+                    j = sol.choice[dec.offset[kind] + ai]
+                    j = int(sel[ai][j]) if sel is not None else j
+                    layout.append(int(kc.cand[ai][j]))
+                lib.add(kind, tuple(layout), origin)
+    if not lib.layouts:
+        raise InfeasibleError("no layout of the model's ops is valid on any mesh of this "
+                              "cluster (the batch or the tensor dims do not divide)")
+    return lib

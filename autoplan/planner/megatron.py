@@ -1,0 +1,98 @@
+"""The uniform planner's layouts as restrictions of the intra-op ILP.
+
+A uniform configuration (:class:`~autoplan.plan.ParallelConfig`: dp x tp, sequence
+parallelism) is the placement space cut down to Megatron-LM's layout on a ``(dp, tp)``
+logical mesh (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence parallelism):
+
+* axis 0 (dp): every tensor with a batch dimension is sharded along it (``Shard(0)``, the
+  batch or the flattened batch x sequence), every other tensor and every parameter is
+  replicated;
+* axis 1 (tp): a parameter with a tensor-parallel dim (``ParamInfo.tp_dim``, from the
+  tracer's column/row roles) is ``Shard(tp_dim)``, every other parameter replicated; ops of
+  the ``replicated`` role keep their outputs replicated — under sequence parallelism their
+  (batch, sequence, hidden) outputs are sharded along the sequence (``Shard(1)``).
+
+Within that space the ILP picks the cheapest consistent placement of everything else (the
+activations between a column and a row op, the loss), which is Megatron's. The search
+seeds its candidate layouts with these (so its space contains the uniform planner's), and
+tests/test_search.py checks that the search's evaluator prices them exactly as the
+Estimator does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplan.graph import OpGraph
+from autoplan.planner.costs import KindCosts
+from autoplan.planner.strategies import members
+
+
+def megatron_restrict(graph: OpGraph, kc: KindCosts, *, sequence_parallel: bool
+                      ) -> list[np.ndarray]:
+    """Per anchor of ``kc``: indices (into its candidate arrays) of the Megatron layouts."""
+    kg = kc.kg
+    names = graph.layers[kg.layer].nodes
+    tp = kc.mesh.shape[1]
+    out = []
+    for ai, a in enumerate(kc.anchors):
+        ok = []
+        for idx, k in enumerate(kc.cand[ai]):
+            if all(_member_ok(graph, kg, names, pos, k, tp, sequence_parallel)
+                   for pos in members(kg, a)):
+                ok.append(idx)
+        out.append(np.array(ok, dtype=int))
+    return out
+
+
+def _member_ok(graph: OpGraph, kg, names, pos: int, k: int, tp: int, sp: bool) -> bool:
+    info = kg.ops[pos]
+    node = graph.nodes[names[pos]]
+    s = info.strategies[k if kg.anchor_of[pos] == pos else kg.follow[pos][k]]
+    tensors = list(zip(s.inputs, info.input_shapes, node.input_meta, info.inputs)) + \
+        [(o, shp, meta, None) for o, shp, meta in zip(s.outputs, info.output_shapes,
+                                                       node.output_meta)]
+    for spec, probe, meta, src in tensors:
+        if spec is None:
+            continue
+        is_param = src is not None and (src.kind == "param" or (
+            src.kind == "op" and src.ref in kg.param_chain))
+        batchy = tuple(probe) != tuple(meta.shape)
+        if is_param:
+            if spec[0] not in ("R", "P"):
+                return False
+            continue
+        if spec[0] != ("S0" if batchy else "R") and not (src is None and spec[0] == "P"):
+            return False                # (a Partial output: the loss summed over the batch)
+    # parameters on the tp axis: as the tracer's roles say
+    for q, src in enumerate(info.inputs):
+        fqn = None
+        if src.kind == "param":
+            fqn = src.ref
+        elif src.kind == "op" and src.ref in kg.param_chain:
+            fqn = kg.param_chain[src.ref]
+        if fqn is None:
+            continue
+        pinfo = graph.params.get(fqn)
+        use = s.inputs[q][1]
+        if src.kind == "op":          # through a view: map back to the parameter's dims
+            back = [p for p, v in kg.param_chain_map[src.ref].items() if v == s.inputs[q]]
+            if not back:
+                return False
+            use = back[0][1]
+        want = f"S{pinfo.tp_dim}" if (tp > 1 and pinfo is not None and
+                                      pinfo.tp_dim is not None) else "R"
+        if use == "P":
+            use = "R"
+        if use != want:
+            return False
+    if node.tp_role == "replicated" and tp > 1:
+        for o, probe, meta in zip(s.outputs, info.output_shapes, node.output_meta):
+            if o is None:
+                continue
+            # sequence parallelism: (batch, sequence, hidden) activations sharded along the
+            # sequence; flattened ones (the input of a column op) are gathered
+            seq = sp and len(meta.shape) >= 3 and tuple(probe) != tuple(meta.shape)
+            if o[1] != ("S1" if seq else "R") and o[1] != "P":
+                return False            # (Partial: a row op's output, reduced downstream)
+    return True

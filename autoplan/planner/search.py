@@ -1,0 +1,358 @@
+"""The Alpa-style search: intra-op ILP layouts placed by the inter-op stage DP.
+
+    result = search(spec, graph, cluster, global_batch=1536)
+    result.prediction.step_time_s, result.best.stages[0].mesh
+
+Steps (timings in ``SearchResult.seconds``):
+
+1. **Analyse** the model once (:func:`~autoplan.planner.compose.analyse`): DTensor strategies
+   per op of one layer of each kind, on a fake process group.
+2. **Intra-op pass** (:mod:`~autoplan.planner.library`): the ILP of
+   :mod:`~autoplan.planner.intra_op` on the whole model, on the cluster's and one node's
+   logical meshes, at several memory weights, plus Megatron's layouts; the optimal
+   placements become each kind's candidate *layouts*.
+3. For every micro-batch count m (divisors of the global batch; the micro-batch B = batch /
+   m is split over each stage's batch-sharded axes):
+
+   * price every layout of every kind on every submesh's logical meshes
+     (:func:`~autoplan.planner.tables.kind_table`), and every unit range on every submesh
+     at every pipeline position (:func:`~autoplan.planner.tables.range_table`): the best
+     (layouts, ZeRO stage, recomputation) that fits in device memory;
+   * **inter-op pass**: Alpa's DP over stages and submeshes
+     (:func:`~autoplan.planner.inter_op.pipeline_dp`) for 1F1B (GPipe has the same latency
+     and more activations in flight);
+   * **balanced pipelines**: p equal submeshes with the blocks split evenly, for every
+     schedule including interleaved 1F1B with v chunks per submesh (Narayanan et al. 2021),
+     which the DP's contiguous stages cannot express.
+
+4. The best candidates of all m are priced exactly (:class:`~autoplan.planner.evaluate.
+   Evaluator`, the uniform planner's formulas) and the fastest that fits wins.
+
+Layers are grouped into at most ``max_units`` units (non-block layers alone, repeated
+blocks in even groups) and the cluster into at most ``max_device_units`` device units: whole
+nodes (several per unit on large clusters), or single devices inside a one-node cluster,
+where stages take Alpa's (1, 2^k) submeshes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from autoplan.cluster import Cluster
+from autoplan.cost.memory import in_flight_micro_batches
+from autoplan.errors import InfeasibleError
+from autoplan.graph import OpGraph
+from autoplan.plan import Prediction
+from autoplan.planner.build import split_layers
+from autoplan.planner.compose import ModelStructure, analyse
+from autoplan.planner.costs import CostModel
+from autoplan.planner.estimate import divisors
+from autoplan.planner.evaluate import Evaluator, PipelineChoice, StageChoice
+from autoplan.planner.inter_op import pipeline_dp
+from autoplan.planner.library import LAMBDAS, Library, build_library
+from autoplan.planner.mesh import LogicalMesh, submesh_shapes
+from autoplan.planner.tables import (KindTable, LayerArrays, kind_table, layer_arrays,
+                                     pick_layouts, range_costs, range_table)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """Bounds of the search; ``None`` means automatic."""
+
+    micro_batches: tuple[int, ...] | None = None    # counts m to try
+    max_micro_batches: int = 256
+    max_units: int = 32
+    max_device_units: int = 32
+    max_stages: int = 32
+    virtual_stages: tuple[int, ...] = (2, 4)
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    checkpoint: tuple[bool, ...] = (False, True)
+    lambdas: tuple[float, ...] = (0.0, 1e-12, 1e-11, 1e-10, 1e-9, math.inf)
+    library_lambdas: tuple[float, ...] = LAMBDAS
+    megatron_seeds: bool = True
+    backend: str = "CBC"
+    exact_candidates: int = 12
+
+
+@dataclass
+class Candidate:
+    choice: PipelineChoice
+    estimate: float                 # the tables' latency (s per step)
+    origin: str                     # "stage DP" | "balanced"
+    prediction: Prediction | None = None
+
+
+@dataclass
+class SearchResult:
+    best: PipelineChoice
+    prediction: Prediction
+    ranked: list[Candidate]                       # exactly priced, fastest first, fitting
+    evaluator: Evaluator
+    structure: ModelStructure
+    library: Library
+    seconds: dict[str, float] = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+
+# ---- units --------------------------------------------------------------------------------
+
+def layer_units(ms: ModelStructure, max_units: int) -> list[int]:
+    """Layer index where each unit starts, plus the end: non-block layers alone, blocks in
+    even groups so that there are at most ``max_units`` units."""
+    n = len(ms.layer_kind)
+    blocks = [l for l in range(n) if ms.is_block[l]]
+    singles = n - len(blocks)
+    room = max(1, max_units - singles)
+    group = max(1, math.ceil(len(blocks) / room))
+    starts, run = [], 0
+    for l in range(n):
+        if not ms.is_block[l]:
+            starts.append(l)
+            run = 0
+        else:
+            if run % group == 0:
+                starts.append(l)
+            run += 1
+    return starts + [n]
+
+
+def device_units(cluster: Cluster, max_units: int) -> tuple[int, int, list[int]]:
+    """(devices per unit, number of units V, submesh sizes in units)."""
+    dpn = cluster.devices_per_node
+    if cluster.nodes == 1:
+        sizes = [2 ** k for k in range(int(math.log2(dpn)) + 1) if 2 ** k <= dpn]
+        return 1, dpn, sizes
+    per = next(d for d in divisors(cluster.nodes) if cluster.nodes // d <= max_units)
+    v = cluster.nodes // per
+    sizes = sorted(set(divisors(v)) | {2 ** k for k in range(int(math.log2(v)) + 1)}
+                   | set(range(1, min(v, 8) + 1)))
+    return per * dpn, v, sizes
+
+
+def micro_batch_counts(global_batch: int, opts: SearchOptions) -> list[int]:
+    if opts.micro_batches is not None:
+        return [m for m in opts.micro_batches if global_batch % m == 0]
+    return [m for m in divisors(global_batch) if m <= opts.max_micro_batches]
+
+
+# ---- the search ---------------------------------------------------------------------------
+
+class _Workspace:
+    """Caches of one search: kind tables and layer arrays."""
+
+    def __init__(self, ev: Evaluator, lib: Library):
+        self.ev = ev
+        self.lib = lib
+        self.tables: dict[tuple[str, LogicalMesh, int], KindTable | None] = {}
+        self.arrays: dict[tuple, LayerArrays] = {}
+
+    def kind_table(self, kind: str, mesh: LogicalMesh, micro_batch: int) -> KindTable | None:
+        key = (kind, mesh, micro_batch)
+        if key not in self.tables:
+            try:
+                self.tables[key] = kind_table(self.ev, kind, mesh, micro_batch,
+                                              self.lib.layouts.get(kind, []))
+            except ValueError:        # an op with no placement valid on this mesh
+                self.tables[key] = None
+        return self.tables[key]
+
+    def layer_arrays(self, micro_batch: int):
+        def get(mesh: LogicalMesh, kt: dict, pick: dict[str, int], ck: bool) -> LayerArrays:
+            key = (mesh, micro_batch, tuple(sorted(pick.items())), ck)
+            if key not in self.arrays:
+                self.arrays[key] = layer_arrays(self.ev, mesh, micro_batch, kt, pick, ck)
+            return self.arrays[key]
+        return get
+
+
+def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
+           precision: str = "mixed", options: SearchOptions = SearchOptions(),
+           structure: ModelStructure | None = None) -> SearchResult:
+    """(module docstring) Raises InfeasibleError when nothing fits."""
+    opts = options
+    t0 = time.perf_counter()
+    seconds: dict[str, float] = {}
+    ms = structure or analyse(spec, graph)
+    seconds["analyse"] = time.perf_counter() - t0
+    cm = CostModel(graph, cluster, precision=precision)
+    ev = Evaluator(cm, ms)
+    t1 = time.perf_counter()
+    lib = build_library(ev, ms, cluster.world_size, global_batch,
+                        lambdas=opts.library_lambdas, backend=opts.backend,
+                        megatron=opts.megatron_seeds)
+    seconds["intra_op"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    ws = _Workspace(ev, lib)
+    units = layer_units(ms, opts.max_units)
+    per_unit, v_units, sizes = device_units(cluster, opts.max_device_units)
+    dpn = cluster.devices_per_node
+    memory = cluster.device.memory_bytes
+    combos = [(lam, z, ck) for lam in opts.lambdas for z in opts.zero for ck in opts.checkpoint]
+    kinds = list(dict.fromkeys(ms.layer_kind))
+    n_blocks = sum(ms.is_block)
+    max_stages = max(1, min(opts.max_stages, len(units) - 1, v_units))
+    candidates: list[Candidate] = []
+    dp_runs = 0
+    for m in micro_batch_counts(global_batch, opts):
+        mb = global_batch // m
+        meshes_of: dict[int, list[LogicalMesh]] = {}
+        for n in sizes:
+            meshes_of[n] = submesh_shapes(n * per_unit, dpn)
+            for mesh in meshes_of[n]:
+                for k in kinds:
+                    ws.kind_table(k, mesh, mb)
+        tables = {(k, mesh): ws.tables[(k, mesh, mb)]
+                  for n in sizes for mesh in meshes_of[n] for k in kinds}
+        arrays = ws.layer_arrays(mb)
+        # the stage DP
+        stage_time = np.full((max_stages + 1, len(units) - 1, len(units), v_units + 1),
+                             math.inf)
+        rts = {}
+        for n in sizes:
+            rt = range_table(ev, meshes_of[n], mb, m, units, max_stages, tables, arrays,
+                             combos=combos, memory=memory)
+            rts[n] = rt
+            stage_time[:, :, :, n] = rt.time
+        res = pipeline_dp(stage_time, v_units, m)
+        dp_runs += 1
+        if res is not None:
+            stages = []
+            for p in res.stages:
+                rt = rts[p.devices]
+                ci = int(rt.combo[p.position, p.start, p.end])
+                mi = int(rt.mesh[p.position, p.start, p.end])
+                stages.append(_stage(ms, rt.meshes[mi], rt.combos[ci], rt.choice[(mi, ci)],
+                                     tables, units[p.start], units[p.end]))
+            candidates.append(Candidate(PipelineChoice(tuple(stages), mb, m, "1f1b", 1),
+                                        res.latency, "stage DP"))
+        # balanced pipelines, every schedule
+        for pp in divisors(v_units):
+            if pp > max(n_blocks, 1) or (pp > 1 and m < pp):
+                continue
+            n = v_units // pp
+            if n not in meshes_of:
+                meshes_of[n] = submesh_shapes(n * per_unit, dpn)
+                for mesh in meshes_of[n]:
+                    for k in kinds:
+                        tables[(k, mesh)] = ws.kind_table(k, mesh, mb)
+            best = _balanced(ev, ms, meshes_of[n], tables, arrays, mb, m, pp, combos, opts,
+                             memory, n_blocks)
+            candidates.extend(best)
+    seconds["inter_op"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    if not candidates:
+        raise InfeasibleError(_nothing_fits(ev, cluster, global_batch))
+    candidates.sort(key=lambda c: c.estimate)
+    priced: list[Candidate] = []
+    seen = set()
+    for c in candidates:
+        if c.choice in seen:
+            continue
+        seen.add(c.choice)
+        c.prediction = ev.predict(c.choice)
+        if c.prediction.memory.total <= c.prediction.memory_limit_bytes:
+            priced.append(c)
+        if len(seen) >= opts.exact_candidates:
+            break
+    if not priced:
+        raise InfeasibleError(_nothing_fits(ev, cluster, global_batch))
+    priced.sort(key=lambda c: (c.prediction.step_time_s, c.prediction.memory.total))
+    seconds["exact"] = time.perf_counter() - t3
+    seconds["total"] = time.perf_counter() - t0
+    best = priced[0]
+    stats = {"kinds": len(kinds), "layers": len(ms.layer_kind), "units": len(units) - 1,
+             "device_units": v_units, "devices_per_unit": per_unit, "submesh_sizes": sizes,
+             "micro_batch_counts": micro_batch_counts(global_batch, opts),
+             "dp_runs": dp_runs, "candidates": len(candidates),
+             "ilp_solves": len(lib.solves), "ilp_seconds": lib.seconds,
+             "layouts": {k: len(v) for k, v in lib.layouts.items()},
+             "uncovered_ops": [f"{k}:{n} ({op})" for k, n, op, _ in ms.uncovered()]}
+    log.info("search: %s in %.2f s (%s)", best.choice, seconds["total"], seconds)
+    return SearchResult(best.choice, best.prediction, priced, ev, ms, lib, seconds, stats)
+
+
+def _stage(ms: ModelStructure, mesh: LogicalMesh, combo, pick: dict[str, int], tables,
+           start: int, end: int) -> StageChoice:
+    _, z, ck = combo
+    present = list(dict.fromkeys(ms.layer_kind[start:end]))
+    choice = tuple((k, tables[(k, mesh)].layouts[pick[k]]) for k in present)
+    return StageChoice(start, end, mesh, choice, z, bool(ck))
+
+
+def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int, m: int,
+              pp: int, combos, opts: SearchOptions, memory: float, n_blocks: int
+              ) -> list[Candidate]:
+    """The fastest fitting balanced pipeline per schedule on ``pp`` equal submeshes."""
+    graph = ms.graph
+    kinds = list(dict.fromkeys(ms.layer_kind))
+    plans = [("1f1b", 1)] if pp == 1 else [("1f1b", 1), ("gpipe", 1)]
+    if pp > 1 and m % pp == 0:
+        plans += [("interleaved_1f1b", v) for v in opts.virtual_stages
+                  if pp * v <= n_blocks]
+    out = []
+    for sched, v in plans:
+        chunks = split_layers(graph, pp * v)
+        best: tuple[float, LogicalMesh, tuple, dict] | None = None
+        for mesh in meshes:
+            kt = {k: tables.get((k, mesh)) for k in kinds}
+            if any(t is None for t in kt.values()):
+                continue
+            done = set()
+            picks = pick_layouts(ev, kt, mesh, m, combos)
+            for combo, pick in zip(combos, picks):
+                lam, z, ck = combo
+                key = (tuple(sorted(pick.items())), z, ck)
+                if key in done:
+                    continue
+                done.add(key)
+                la = arrays(mesh, kt, pick, ck)
+                lat = _balanced_latency(ev, la, mesh, mb, m, z, chunks, pp, v, sched, memory)
+                if lat is not None and (best is None or lat < best[0]):
+                    best = (lat, mesh, combo, pick)
+        if best is None:
+            continue
+        lat, mesh, combo, pick = best
+        stages = tuple(_stage(ms, mesh, combo, pick, tables, a, b) for a, b in chunks)
+        out.append(Candidate(PipelineChoice(stages, mb, m, sched, v), lat, "balanced"))
+    return out
+
+
+def _balanced_latency(ev: Evaluator, la: LayerArrays, mesh: LogicalMesh, mb: int, m: int,
+                      zero: int, chunks, pp: int, v: int, sched: str,
+                      memory: float) -> float | None:
+    rc = range_costs(ev, la, mesh, mb, m, zero, np.array([a for a, _ in chunks]),
+                     np.array([b for _, b in chunks]))
+    dev_t, dev_u = [], []
+    for d in range(pp):
+        cs = list(range(d, len(chunks), pp))
+        t = float((rc.t[cs] + rc.send[cs]).sum())
+        states, act, fixed = float(rc.states[cs].sum()), float(rc.act[cs].sum()), \
+            float(rc.fixed[cs].max())
+        if states + in_flight_micro_batches(sched, pp, d, m, v) * act + fixed > memory:
+            return None
+        dev_t.append(t)
+        dev_u.append(float(rc.u[cs].sum()))
+    slow = max(dev_t)
+    if v == 1:
+        pipe = sum(dev_t) + (m - 1) * slow
+    else:
+        pipe = m * slow + (pp - 1) * slow / v
+    return pipe + max(dev_u)
+
+
+def _nothing_fits(ev: Evaluator, cluster: Cluster, global_batch: int) -> str:
+    gb = 1e9
+    psi = ev.graph.num_params
+    need = psi * sum(ev.cm.state_bytes) / cluster.world_size
+    return (f"no plan fits: even fully sharded (ZeRO-3 over all {cluster.world_size} "
+            f"devices) the model states alone need {need / gb:.1f} GB per device, plus "
+            f"activations, and a {cluster.device.name} has "
+            f"{cluster.device.memory_bytes / gb:.1f} GB; use more devices, a smaller "
+            f"global batch ({global_batch}) or activation checkpointing")
