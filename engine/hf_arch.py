@@ -38,6 +38,7 @@ model types                adapter                        tensor / sequence para
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -50,9 +51,9 @@ from engine.tensor_parallel import TPLayout
 
 
 @dataclass(frozen=True, kw_only=True)
-class HFAdapter:
+class HFAdapter(ABC):
     """Names and stage forward of one architecture family (subclasses implement the four
-    forward pieces)."""
+    forward pieces and the sizes)."""
 
     blocks: str                              # the decoder layers' nn.ModuleList
     pre: tuple[str, ...]                     # modules of <pre>
@@ -66,31 +67,33 @@ class HFAdapter:
     padded_embedding: str | None = None      # its pad_token_id row starts at zero
 
     # ---- the stage forward ------------------------------------------------------------------
+    @abstractmethod
     def embed(self, stage: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """``<pre>``: token ids (b, s) -> hidden states (b, s, h)."""
 
+    @abstractmethod
     def context(self, stage: nn.Module, hidden: torch.Tensor, seq_len: int) -> dict[str, Any]:
         """What every block of one forward shares; ``seq_len`` is the full sequence length
         (``hidden`` may be a sequence shard under sequence parallelism)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def block(self, block: nn.Module, index: int, hidden: torch.Tensor,
               ctx: dict[str, Any]) -> torch.Tensor:
         """Block ``index`` (its position in the whole model); ``hidden`` is passed
         positionally, the rest as keywords (tensor-parallel input hooks rely on it)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def logits(self, stage: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """``<post>``: hidden states -> logits (b, s, vocab)."""
 
     # ---- sizes, initial values --------------------------------------------------------------
+    @abstractmethod
     def tp_divisors(self, config) -> tuple[tuple[str, int], ...]:
         """(what, size) pairs tensor parallelism must divide."""
-        raise NotImplementedError
 
+    @abstractmethod
     def attention_width(self, config) -> int:
         """heads × head_dim (the attention term of the model FLOPs)."""
-        raise NotImplementedError
 
     def buffers(self, stage: nn.Module) -> dict[str, torch.Tensor]:
         """Initial values of the stage's buffers by FQN (computed from the config)."""

@@ -2,10 +2,11 @@
 
 Tiny GPT-2 (eager attention; tied embeddings as GPT-2 ships, and untied for pipelining),
 Llama (sdpa, grouped-query attention) and Qwen2 (eager, q/k/v biases, a sliding-window layer)
-built offline from their config classes, dropout 0, fp32, 20 steps. Each layout's per-step losses must match a single-process run of the same
-model to 1e-4 relative at every step. Plans come from the planner's builder over the
-tracer's graph (``tests/engine_helpers.py``); the references share one 1-rank launch and the
-layouts of one world size share one torchrun launch.
+built offline from their config classes, dropout 0, fp32, 20 steps. Each layout's per-step
+losses must match a single-process run of the same model to 1e-4 relative at every step.
+Plans come from the planner's builder over the tracer's graph (``tests/engine_helpers.py``);
+the references share one 1-rank launch and the layouts of one world size share one torchrun
+launch.
 
 A tied GPT-2 killed mid-run resumes from its checkpoint to the same losses.
 
