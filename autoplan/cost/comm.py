@@ -44,6 +44,10 @@ Measured profiles. ``CommModel(cluster, fitted=...)`` takes a table
 ``{(collective, level): (alpha_s, beta_s_per_byte)}`` with level ``"intra"`` or ``"inter"``
 (what the collective profiler of issue #4 fits); an entry replaces the defaults for that
 collective and level: t = alpha + S * f(collective, n) * beta.
+``CommModel(cluster, measured=fn)`` goes further: ``fn(collective, nbytes, group, level)``
+returns the seconds a measured profile gives for that very group size and message size
+(e.g. the piecewise fit per group size of a link profile, :mod:`autoplan.cost.profiled`),
+or None to fall back to ``fitted`` and then to the defaults above.
 """
 
 from __future__ import annotations
@@ -51,12 +55,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from autoplan.cluster import Cluster
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 LEVELS = ("intra", "inter")
+
+#: ``fn(collective, nbytes, group, level)`` -> seconds, or None (see the module docstring).
+MeasuredCommFn = Callable[[str, float, "Group", str], "float | None"]
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -127,8 +134,10 @@ class CommModel:
     """Alpha-beta collective times on ``cluster`` (see the module docstring)."""
 
     def __init__(self, cluster: Cluster,
-                 fitted: Mapping[tuple[str, str], tuple[float, float]] | None = None):
+                 fitted: Mapping[tuple[str, str], tuple[float, float]] | None = None, *,
+                 measured: MeasuredCommFn | None = None):
         self.cluster = cluster
+        self.measured = measured
         self.fitted: dict[tuple[str, str], tuple[float, float]] = {}
         for key, value in (fitted or {}).items():
             collective, level = key
@@ -193,8 +202,13 @@ class CommModel:
         self._check_group(group)
         if group.size <= 1 or nbytes == 0:
             return 0.0
+        level = self.level(group)
+        if self.measured is not None:
+            hit = self.measured(collective, float(nbytes), group, level)
+            if hit is not None:
+                return float(hit)
         factor = bus_factor(collective, group.size)
-        fitted = self.fitted.get((collective, self.level(group)))
+        fitted = self.fitted.get((collective, level))
         if fitted is not None:
             alpha, beta = fitted
             return alpha + nbytes * factor * beta

@@ -53,6 +53,10 @@ higher, as a 2021 A100 could not run that graph.
 
 Measured timings replace the model op by op: ``ComputeModel(..., measured=fn)`` where
 ``fn(node, shard)`` returns (forward, backward) seconds or None to fall back to the roofline.
+``measured_at=fn(node, graph, tp, batch_scale)`` does the same with the TP degree and the
+micro-batch scale (micro-batch / traced batch) kept apart, so that a table keyed by shapes
+can look the op up at the micro-batch it will run at (:mod:`autoplan.cost.profiled`);
+:meth:`ComputeModel.op_time_at` asks it first, and :meth:`ComputeModel.layer_time` uses that.
 """
 
 from __future__ import annotations
@@ -186,6 +190,7 @@ def default_efficiency(device: DeviceSpec) -> Efficiency:
 
 
 MeasuredFn = Callable[[OpNode, float], "tuple[float, float] | None"]
+MeasuredAtFn = Callable[[OpNode, OpGraph, int, float], "tuple[float, float] | None"]
 
 
 class ComputeModel:
@@ -197,7 +202,8 @@ class ComputeModel:
 
     def __init__(self, device: DeviceSpec, dtype: str = "bfloat16",
                  efficiency: Efficiency | None = None, *,
-                 measured: MeasuredFn | None = None):
+                 measured: MeasuredFn | None = None,
+                 measured_at: MeasuredAtFn | None = None):
         self.device = device
         self.dtype = canonical_dtype(dtype)
         self.peak = device.peak_flops(self.dtype)          # raises if the device lacks it
@@ -205,6 +211,7 @@ class ComputeModel:
             else self.peak
         self.efficiency = efficiency or default_efficiency(device)
         self.measured = measured
+        self.measured_at = measured_at
         storage = {"tf32": "float32", "float8": "float8_e4m3fn"}.get(self.dtype, self.dtype)
         self._dtype_bytes = DTYPE_BYTES.get(storage, 4)
         self._cache: dict[tuple, tuple[float, float]] = {}
@@ -255,6 +262,17 @@ class ComputeModel:
         bwd = phi * (max(f_bwd / self.vector_peak, BWD_MEMORY_RATIO * nbytes / bw) + t_k)
         return fwd, bwd
 
+    def op_time_at(self, node: OpNode, graph: OpGraph, tp: int = 1,
+                   batch_scale: float = 1.0) -> tuple[float, float]:
+        """(forward, backward) seconds of ``node`` on one rank of a TP group of ``tp`` that
+        splits it, at ``batch_scale`` x the traced micro-batch: ``measured_at`` if it has the
+        op, else :meth:`op_time` with ``shard = tp / batch_scale``."""
+        if self.measured_at is not None and op_kind(node) not in ("view", "comm"):
+            hit = self.measured_at(node, graph, tp, batch_scale)
+            if hit is not None:
+                return float(hit[0]), float(hit[1])
+        return self.op_time(node, shard=tp / batch_scale)
+
     # ---- one layer -----------------------------------------------------------------------
     def layer_time(self, layer: Layer, graph: OpGraph, *, tp: int = 1,
                    sequence_parallel: bool = False,
@@ -278,7 +296,7 @@ class ComputeModel:
         for name in layer.nodes:
             node = graph.nodes[name]
             sharded = node.tp_role != "replicated" or sequence_parallel
-            f, b = self.op_time(node, shard=(tp if sharded else 1) / micro_batch_scale)
+            f, b = self.op_time_at(node, graph, tp if sharded else 1, micro_batch_scale)
             fwd += f
             bwd += b
         self._cache[key] = (fwd, bwd)

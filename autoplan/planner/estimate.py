@@ -47,6 +47,7 @@ from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import activation_bytes, in_flight_micro_batches, model_state_bytes
+from autoplan.cost.profiled import cost_models_for
 from autoplan.graph import OpGraph
 from autoplan.plan import MemoryBreakdown, ParallelConfig, Prediction, TimeBreakdown
 from autoplan.planner.build import split_layers
@@ -81,6 +82,10 @@ class Estimator:
         self.cluster = cluster
         self.precision = precision
         compute_dtype = "bfloat16" if precision == "mixed" else "float32"
+        # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
+        self.cost_provenance = None
+        if compute is None and comm is None:
+            compute, comm, self.cost_provenance = cost_models_for(cluster, precision)
         self.compute = compute or ComputeModel(cluster.device, dtype=compute_dtype)
         self.comm = comm or CommModel(cluster)
         self.peak = cluster.device.peak_flops(compute_dtype)
@@ -156,6 +161,13 @@ class Estimator:
 
     # ---- one configuration ---------------------------------------------------------------
     def predict(self, p: ParallelConfig) -> Prediction:
+        """The prediction for ``p``, calibrated when the cluster has calibration factors."""
+        pred = self._predict(p)
+        if self.cost_provenance is not None:
+            pred = self.cost_provenance.calibration.apply(pred)
+        return pred
+
+    def _predict(self, p: ParallelConfig) -> Prediction:
         n_chunks = p.pp * p.virtual_stages
         ranges = split_layers(self.graph, n_chunks)
         ckpt = p.checkpoint == "full"
