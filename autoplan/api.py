@@ -80,22 +80,40 @@ def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
 
 
 def head_counts(spec: ModelSpec) -> tuple[int, ...]:
-    """Attention head counts a TP degree must divide, read from the model config."""
+    """Sizes a TP degree must divide: attention heads and KV heads from the model config,
+    plus what the engine requires (:func:`autoplan.models.capabilities.capabilities`)."""
+    from autoplan.models.capabilities import capabilities
+
     cfg = spec.config
     keys = ("heads", "kv_heads", "n_head", "num_attention_heads", "num_key_value_heads")
     out = [int(cfg[k]) for k in keys if cfg.get(k)]
-    if spec.source == "builtin" and spec.name == "gpt":
-        from autoplan.models.gpt import GPTConfig
-
-        g = GPTConfig.from_dict(spec.config)
-        out += [g.heads, g.kv_heads or g.heads]
+    out += [n for _, n in capabilities(spec).tp_divisors]
     return tuple(sorted(set(out)))
+
+
+def runnable_space(spec: ModelSpec, space: SearchSpace) -> SearchSpace:
+    """Restrict ``space`` to what the engine can run for this model (no TP for a fused-QKV
+    GPT-2, no pipeline with tied embeddings, ...), so plans are never paper."""
+    from dataclasses import replace
+
+    from autoplan.models.capabilities import capabilities
+
+    caps = capabilities(spec)
+    changes: dict = {}
+    if not caps.tensor_parallel:
+        changes["tp"] = (1,)
+    if not caps.sequence_parallel:
+        changes["sequence_parallel"] = (False,)
+    if not caps.pipeline:
+        changes["pp"] = (1,)
+    return replace(space, **changes)
 
 
 def plan_problem(problem: Problem, *, space: SearchSpace = SearchSpace(), top_k: int = 10,
                  progress: Callable[[int], None] | None = None) -> tuple[Plan, SearchResult]:
     result = search_uniform(problem.graph, problem.cluster, problem.global_batch,
-                            space=space, precision=problem.precision,
+                            space=runnable_space(problem.spec, space),
+                            precision=problem.precision,
                             divides=head_counts(problem.spec), progress=progress)
     best = result.best
     plan = build_plan(problem.graph, problem.spec, problem.cluster, best.parallel,
@@ -167,6 +185,13 @@ def plan_fits(plan: Plan) -> bool:
 
 
 def _check_shardable(problem: Problem, p: ParallelConfig) -> None:
+    from autoplan.models.capabilities import capabilities
+
+    caps = capabilities(problem.spec)
+    if (p.tp > 1 and not caps.tensor_parallel) or (p.pp > 1 and not caps.pipeline) or (
+            p.sequence_parallel and not caps.sequence_parallel):
+        raise ConfigError(f"the engine cannot run this for {problem.spec.name}: {caps.reason}",
+                          field="tp" if p.tp > 1 else "pp")
     blocks = len(problem.graph.blocks())
     if p.pp > max(blocks, 1) or p.pp * p.virtual_stages > max(blocks, 1):
         raise ConfigError(f"pp * virtual_stages = {p.pp * p.virtual_stages} exceeds the model's "

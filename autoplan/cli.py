@@ -15,8 +15,9 @@
     autoplan launch plan.json --master-addr HOST [--slurm -o job.sbatch]
     autoplan models | autoplan clusters
 
-Every command takes ``--json`` for machine-readable output. Errors a user can cause print
-one line, ``error: ...``, and exit with status 2.
+Every command takes ``--json`` for machine-readable output. Errors a user can cause (an
+AutoplanError, or a file that cannot be written) print one line, ``error: ...``, and exit
+with status 2.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except AutoplanError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:            # a file a user named cannot be written (a directory, ...)
+        name = exc.filename2 if exc.filename2 is not None else exc.filename
+        print(f"error: {f'{name}: ' if name is not None else ''}{exc.strerror or exc}",
+              file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -200,12 +206,13 @@ def _progress_search(problem, space=None, top_k: int = 5, quiet: bool = False):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from autoplan.api import head_counts, plan_problem
+    from autoplan.api import head_counts, plan_problem, runnable_space
     from autoplan.planner.uniform import SearchSpace, enumerate_configs
 
     space = space or SearchSpace()
     total = sum(1 for _ in enumerate_configs(problem.graph, problem.cluster,
-                                             problem.global_batch, space,
+                                             problem.global_batch,
+                                             runnable_space(problem.spec, space),
                                              head_counts(problem.spec)))
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(),

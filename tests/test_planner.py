@@ -162,3 +162,13 @@ def test_import_path_errors_are_clear():
         autoplan.optimize("import:no_such_pkg.mod:build", "dgx-a100", global_batch=8)
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
         autoplan.optimize("import:tests.user_model:nope", "dgx-a100", global_batch=8)
+
+
+def test_planner_only_proposes_what_the_engine_runs():
+    """GPT-2 (fused QKV in one Conv1D, tied embeddings): no TP, no pipeline."""
+    spec = autoplan.resolve_model("hf:gpt2", n_layer=2, n_embd=256, n_head=8)
+    problem = prepare(spec, "dgx-a100", global_batch=64)
+    plan, result = plan_problem(problem)
+    assert all(c.parallel.tp == 1 and c.parallel.pp == 1 for c in result.ranked)
+    with pytest.raises(ConfigError, match="cannot run this for gpt2"):
+        estimate(None, None, global_batch=64, problem=problem, tp=2)
