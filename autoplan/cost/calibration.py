@@ -172,3 +172,67 @@ def load_calibration(cluster: str, root: str | os.PathLike) -> Calibration:
         raise ProfileError(f"calibrates cluster {cal.cluster!r}, not {cluster!r}",
                            source=str(path), field="cluster")
     return cal
+
+
+# ---- fitting -------------------------------------------------------------------------------
+
+def design_row(t: TimeBreakdown) -> dict[str, float]:
+    """Seconds of ``t`` that each time factor multiplies, bubble apportioned as
+    :meth:`Calibration.time` scales it: step' = sum_k f_k · row[k]."""
+    work = t.compute + t.recompute + t.tp_comm + t.pp_comm
+    share = (lambda x: t.bubble * x / work) if work > 0 else (lambda x: 0.0)
+    c = t.compute + t.recompute
+    return {"compute": c + t.optimizer + (share(c) if work > 0 else t.bubble),
+            "tp_comm": t.tp_comm + share(t.tp_comm), "dp_comm": t.dp_comm,
+            "pp_comm": t.pp_comm + share(t.pp_comm)}
+
+
+def fit_time_factors(rows: list[dict[str, float]], measured: list[float], *,
+                     ridge: float = 1e-3, min_share: float = 0.02) -> dict[str, float]:
+    """Factors f minimising the squared *relative* error of the runs plus a pull to 1::
+
+        sum_r ((sum_k f_k a_rk - y_r) / y_r)^2 + ridge · sum_k (f_k - 1)^2
+
+    (``a_rk`` = ``rows[r][k]``, y the measured step times). A term whose seconds are under
+    ``min_share`` of every run's step is not identifiable from these runs and keeps 1. Factors
+    are kept within :data:`FACTOR_RANGE`: one that would leave it is pinned to the bound and
+    the rest refitted. Linear least squares (numpy), so the fit is exact on data the model
+    explains with some factors."""
+    import numpy as np
+
+    if len(rows) != len(measured) or not rows:
+        raise ValueError("need one measured step time per row, and at least one row")
+    if any(not y > 0 for y in measured):
+        raise ValueError("measured step times must be positive")
+    y = np.asarray(measured, dtype=float)
+    a = np.array([[row.get(k, 0.0) for k in TIME_TERMS] for row in rows], dtype=float) \
+        / y[:, None]
+    free = [j for j, _ in enumerate(TIME_TERMS) if np.max(a[:, j]) >= min_share]
+    fixed: dict[int, float] = {j: 1.0 for j in range(len(TIME_TERMS)) if j not in free}
+    lo, hi = FACTOR_RANGE
+    while True:
+        cols = [j for j in free if j not in fixed]
+        target = np.ones(len(y)) - sum(a[:, j] * v for j, v in fixed.items())
+        design = np.vstack([a[:, cols], np.sqrt(ridge) * np.eye(len(cols))])
+        rhs = np.concatenate([target, np.sqrt(ridge) * np.ones(len(cols))])
+        sol = np.linalg.lstsq(design, rhs, rcond=None)[0] if cols else np.array([])
+        out = dict(zip(cols, sol))
+        bad = [(j, v) for j, v in out.items() if not lo <= v <= hi]
+        if not bad:
+            break
+        j, v = max(bad, key=lambda jv: abs(np.log(max(jv[1], 1e-9))))
+        fixed[j] = lo if v < lo else hi
+    out.update(fixed)
+    return {TIME_TERMS[j]: float(out[j]) for j in range(len(TIME_TERMS))}
+
+
+def fit_memory_factor(predicted: list[float], measured: list[float]) -> float:
+    """The geometric mean of measured / predicted peak memory (1 with no data)."""
+    import math
+
+    pairs = [(p, m) for p, m in zip(predicted, measured) if p and m and p > 0 and m > 0]
+    if not pairs:
+        return 1.0
+    lo, hi = FACTOR_RANGE
+    f = math.exp(sum(math.log(m / p) for p, m in pairs) / len(pairs))
+    return min(hi, max(lo, f))

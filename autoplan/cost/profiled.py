@@ -40,10 +40,15 @@ had ``min(1, C / W)`` of a core. In a run it has ``share``, so
 
     t_run = t_profile · min(1, C / W) / share      (2 of 4 ranks on 2 cores: x2; all 4: x1).
 
-Simplifications, stated: ranks idle in a pipeline bubble or blocked in a collective leave
-their core to the others, which then run faster than ``share`` (so pipelines are predicted
-somewhat slow); processes outside the run (other users) are not modelled — the calibration
-factors of runs made under such load absorb it, and record the load average.
+When ``share < 1`` the step is composed for shared cores (:mod:`autoplan.cost.shared_cores`:
+the total work of all ranks over the cores, since a rank idle in a bubble or blocked in a
+collective leaves its core to the others). Processes outside the run (other users of the
+machine) are not in the model unless ``cores`` says how many cores they left
+(:mod:`autoplan.hostload`); calibration factors fitted on runs made under such load absorb the
+rest, and record the load.
+
+:meth:`CostProvenance.finish` is what the Estimator applies to each prediction: the shared-core
+composition, then the calibration.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from autoplan.cost.batch_scale import batch_tensors, scaled_node
 from autoplan.cost.calibration import Calibration, load_calibration
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
+from autoplan.cost.shared_cores import SharedCoreComposer
 from autoplan.errors import ConfigError
 from autoplan.graph import OpGraph, OpNode
 from autoplan.profile.lookup import OpTimeTable
@@ -68,7 +74,7 @@ from autoplan.profile.store import LinkProfile
 log = logging.getLogger(__name__)
 
 INDEX = Path("ops") / "index.yaml"
-_INDEX_KEYS = {"op_profile", "cores", "source"}
+_INDEX_KEYS = {"op_profile", "cores", "tp_matmul_overhead_s", "dp_module_overhead_s", "source"}
 
 
 # ---- which files ---------------------------------------------------------------------------
@@ -79,6 +85,8 @@ class DeviceProfile:
 
     op_profile: Path | None
     cores: int | None = None
+    tp_matmul_overhead_s: float = 0.0      # autoplan.cost.framework_overhead
+    dp_module_overhead_s: float = 0.0
     source: str = ""
 
 
@@ -112,12 +120,19 @@ def device_profile(device_name: str, root: str | os.PathLike) -> DeviceProfile:
                                       or cores < 1):
                 raise ConfigError(f"must be a positive integer, got {cores!r}",
                                   source=str(index), field=f"{device_name}.cores")
-            return DeviceProfile(path, cores, str(entry.get("source", "")))
+            overheads = []
+            for key in ("tp_matmul_overhead_s", "dp_module_overhead_s"):
+                value = entry.get(key, 0.0)
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                    raise ConfigError(f"must be a number of seconds >= 0, got {value!r}",
+                                      source=str(index), field=f"{device_name}.{key}")
+                overheads.append(float(value))
+            return DeviceProfile(path, cores, *overheads, source=str(entry.get("source", "")))
     direct = root / "ops" / f"{device_name}.json"
     return DeviceProfile(direct if direct.exists() else None)
 
 
-def core_share(cores: int | None, ranks_per_node: int) -> float:
+def core_share(cores: float | None, ranks_per_node: int) -> float:
     """Fraction of a core each of ``ranks_per_node`` ranks gets: min(1, C / N) (module
     docstring); 1 when the core count is unknown (accelerators)."""
     if cores is None:
@@ -183,10 +198,14 @@ class ProfiledLinkTimes:
     """The ``measured`` hook of :class:`~autoplan.cost.comm.CommModel`: a measured link
     profile's piecewise fit per group size, scaled for the cores (module docstring)."""
 
-    def __init__(self, profile: LinkProfile, *, cores: int | None, ranks_per_node: int):
+    def __init__(self, profile: LinkProfile, *, cores: float | None, ranks_per_node: int,
+                 run_cores: float | None = None):
+        """``cores``: the machine's cores (as the profile was measured on); ``run_cores``:
+        the cores the run has (default: the same)."""
         self.profile = profile
         self.counts: Counter[str] = Counter()
-        self._share_run = core_share(cores, ranks_per_node)
+        self._share_run = core_share(cores if run_cores is None else run_cores,
+                                     ranks_per_node)
         self._cores = cores
         self._have = {(f.collective, f.level, f.group_size) for f in profile.fits
                       if f.group_size is not None}
@@ -238,6 +257,14 @@ class CostProvenance:
     notes: list[str] = field(default_factory=list)
     op_times: ProfiledOpTimes | None = None
     link_times: ProfiledLinkTimes | None = None
+    composer: SharedCoreComposer | None = None
+
+    def finish(self, est, p, pred):
+        """The Estimator's raw prediction ``pred`` of config ``p``, composed for shared
+        cores where the ranks share them, then calibrated."""
+        if self.composer is not None:
+            pred = self.composer.compose(est, p, pred)
+        return self.calibration.apply(pred)
 
     @property
     def op_counts(self) -> dict[str, int]:
@@ -275,12 +302,13 @@ class CostProvenance:
 def cost_models_for(cluster: Cluster, precision: str = "mixed",
                     profiles_dir: str | os.PathLike | None = None, *,
                     use_profiles: bool = True, calibrate: bool = True,
-                    cores: int | None = None
+                    cores: float | None = None
                     ) -> tuple[ComputeModel, CommModel, CostProvenance]:
     """The compute and communication models for ``cluster`` from its measured profiles
     (module docstring), and where each figure comes from. ``use_profiles=False`` gives the
     plain roofline / cluster-file models; ``calibrate=False`` leaves the calibration out
-    (identity); ``cores`` overrides the index's core count."""
+    (identity); ``cores`` overrides the index's core count (e.g. the cores a shared machine
+    left to a run, :mod:`autoplan.hostload`)."""
     if precision not in ("mixed", "fp32"):
         raise ValueError(f"precision must be 'mixed' or 'fp32', got {precision!r}")
     dtype = "bfloat16" if precision == "mixed" else "float32"
@@ -291,6 +319,12 @@ def cost_models_for(cluster: Cluster, precision: str = "mixed",
         dev = device_profile(cluster.device.name, root)
         n_cores = cores if cores is not None else dev.cores
         share = core_share(n_cores, cluster.devices_per_node)
+        if share < 1:
+            nominal = core_share(dev.cores, cluster.devices_per_node)
+            prov.composer = SharedCoreComposer(share, optimizer_scale=nominal / share,
+                                               tp_matmul_overhead_s=dev.tp_matmul_overhead_s,
+                                               dp_module_overhead_s=dev.dp_module_overhead_s)
+            prov.share = share
         if dev.op_profile is not None:
             table = OpTimeTable.load(dev.op_profile, dtype=dtype)
             measured_at = prov.op_times = ProfiledOpTimes(table, share=share)
@@ -307,7 +341,8 @@ def cost_models_for(cluster: Cluster, precision: str = "mixed",
                                   f"{backend}: not used")
             else:
                 measured = prov.link_times = ProfiledLinkTimes(
-                    links, cores=n_cores, ranks_per_node=cluster.devices_per_node)
+                    links, cores=dev.cores, run_cores=n_cores,
+                    ranks_per_node=cluster.devices_per_node)
                 prov.link_profile = f"{cluster.name}.json"
     prov.calibration = (load_calibration(cluster.name, root) if calibrate
                         else Calibration(cluster=cluster.name))

@@ -161,10 +161,11 @@ class Estimator:
 
     # ---- one configuration ---------------------------------------------------------------
     def predict(self, p: ParallelConfig) -> Prediction:
-        """The prediction for ``p``, calibrated when the cluster has calibration factors."""
+        """The prediction for ``p``; where the cluster has them, composed for ranks sharing CPU
+        cores and calibrated (:meth:`autoplan.cost.profiled.CostProvenance.finish`)."""
         pred = self._predict(p)
         if self.cost_provenance is not None:
-            pred = self.cost_provenance.calibration.apply(pred)
+            pred = self.cost_provenance.finish(self, p, pred)
         return pred
 
     def _predict(self, p: ParallelConfig) -> Prediction:
