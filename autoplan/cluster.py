@@ -78,14 +78,30 @@ def _rethrow(exc: ConfigError, *, source: str, prefix: str = "") -> ConfigError:
     return new
 
 
+#: Every figure (TFLOP/s, GB, GB/s, us) lies in this range, so that converting it to SI units,
+#: multiplying or inverting it stays finite: a NaN or inf must never reach the cost model.
+FIGURE_RANGE = (1e-9, 1e12)
+#: The most devices a cluster may have (2**24, ~100x the largest machines built so far): the
+#: planner enumerates divisors of the world size, and an absurd count would never finish.
+MAX_WORLD_SIZE = 2 ** 24
+
+
 def _positive(value: Any, where: str, *, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(f"must be a number, got {value!r}", where)
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:
+        raise _fail(f"must be finite, got an integer of {len(str(abs(value)))} digits",
+                    where) from None
+    if not math.isfinite(number):
         raise _fail(f"must be finite, got {value!r}", where)
-    if value < 0 or (value == 0 and not allow_zero):
+    if number < 0 or (number == 0 and not allow_zero):
         raise _fail(f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}", where)
-    return float(value)
+    low, high = FIGURE_RANGE
+    if number and not low <= number <= high:
+        raise _fail(f"must be between {low:g} and {high:g}, got {value!r}", where)
+    return number
 
 
 def _positive_int(value: Any, where: str) -> int:
@@ -93,6 +109,8 @@ def _positive_int(value: Any, where: str) -> int:
         raise _fail(f"must be an integer, got {value!r}", where)
     if value < 1:
         raise _fail(f"must be >= 1, got {value!r}", where)
+    if value > MAX_WORLD_SIZE:
+        raise _fail(f"must be at most {MAX_WORLD_SIZE}, got {value!r}", where)
     return value
 
 
@@ -107,7 +125,8 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
         raise _fail(f"must be a mapping, got {type(value).__name__}", where)
     for key in value:
         if not isinstance(key, str):
-            raise _fail(f"keys must be strings, got {key!r}", where)
+            raise _fail(f"keys must be strings, got {key!r}",
+                        f"{where}.{key}" if where else str(key))
     return value
 
 
@@ -118,7 +137,8 @@ def _check_keys(d: Mapping[str, Any], cls: type, where: str = "", *,
     known = {f.name for f in fields(cls)}
     for key in d:
         if key not in known:
-            raise _fail(f"unknown key; known: {', '.join(sorted(known))}", f"{where}{key}")
+            shown = key or '""'             # an empty key still needs a visible name
+            raise _fail(f"unknown key; known: {', '.join(sorted(known))}", f"{where}{shown}")
     if required:
         for f in fields(cls):
             if f.default is MISSING and f.default_factory is MISSING and f.name not in d:
@@ -309,6 +329,9 @@ class Cluster:
         _text(self.name, "name")
         _positive_int(self.nodes, "nodes")
         _positive_int(self.devices_per_node, "devices_per_node")
+        if self.nodes * self.devices_per_node > MAX_WORLD_SIZE:
+            raise _fail(f"{self.nodes} nodes x {self.devices_per_node} devices is more than "
+                        f"{MAX_WORLD_SIZE} devices", "nodes")
         if not isinstance(self.device, DeviceSpec):
             raise _fail("must be a DeviceSpec", "device")
         if not isinstance(self.intra_node, LinkSpec):
@@ -413,7 +436,8 @@ class Cluster:
         except ConfigError as exc:
             raise _rethrow(exc, source=source) from None
         for key, value in overrides.items():
-            if key in ("peak_tflops", "sources") and isinstance(value, Mapping):
+            if (key in ("peak_tflops", "sources") and isinstance(value, Mapping)
+                    and isinstance(device_dict.get(key, {}), Mapping)):
                 device_dict[key] = {**device_dict.get(key, {}), **value}
             else:
                 device_dict[key] = value
@@ -449,6 +473,12 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a plain value, not a {type(key).__name__}",
+                key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark)
@@ -460,12 +490,41 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
                               _construct_mapping)
 
 
+#: Deepest ``[`` / ``{`` nesting read: PyYAML's scanner slows quadratically with the depth
+#: (100,000 brackets would take hours) and its constructor recurses; no real file nests so.
+MAX_FLOW_DEPTH = 64
+
+
+def _flow_depth_exceeded(text: str, limit: int = MAX_FLOW_DEPTH) -> int | None:
+    """The 1-based line where bracket nesting first exceeds ``limit`` (quotes not parsed:
+    an over-estimate, harmless at this limit), else None."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch in "[{":
+            depth += 1
+            if depth > limit:
+                return text.count("\n", 0, i) + 1
+        elif ch in "]}" and depth:
+            depth -= 1
+    return None
+
+
 def read_yaml(path: Path, shown: str) -> dict[str, Any]:
     """Parse a YAML mapping; syntax errors become ConfigError with the line and column."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read ({exc.strerror})", source=shown) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}",
+                          source=shown) from None
+    deep_line = _flow_depth_exceeded(text)
+    if deep_line is not None:
+        raise ConfigError(f"invalid YAML at line {deep_line}: nested more than "
+                          f"{MAX_FLOW_DEPTH} levels deep", source=shown)
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
@@ -473,10 +532,22 @@ def read_yaml(path: Path, shown: str) -> dict[str, Any]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"invalid YAML{where}: {problem}", source=shown) from None
+    except RecursionError:
+        raise ConfigError("invalid YAML: nested too deeply", source=shown) from None
+    except (ValueError, OverflowError) as exc:   # an int of > 4300 digits, a 13th month, ...
+        raise ConfigError(f"invalid YAML: a value cannot be read ({exc})", source=shown) from None
     if not isinstance(data, dict):
         raise ConfigError(f"top level must be a mapping, got {type(data).__name__}",
                           source=shown)
     return data
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a name the OS refuses (too long, ...) instead of OSError."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _names(folder: Path) -> list[str]:
@@ -497,7 +568,7 @@ def load_device(name: str, *, profiles_dir: str | os.PathLike | None = None) -> 
     """The device ``profiles/devices/<name>.yaml``; UnknownNameError if there is none."""
     root = profiles_root(profiles_dir)
     path = root / "devices" / f"{name}.yaml"
-    if "/" in name or "\\" in name or not path.is_file():
+    if "/" in name or "\\" in name or not _is_file(path):
         raise UnknownNameError("device", name, list_devices(profiles_dir=root))
     shown = f"devices/{name}.yaml"
     data = read_yaml(path, shown)
@@ -509,7 +580,7 @@ def load_device(name: str, *, profiles_dir: str | os.PathLike | None = None) -> 
 
 def _looks_like_path(name_or_path: str) -> bool:
     return (name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path
-            or "\\" in name_or_path or Path(name_or_path).is_file())
+            or "\\" in name_or_path or _is_file(Path(name_or_path)))
 
 
 def load_cluster(name_or_path: str | os.PathLike, *, nodes: int | None = None,
@@ -523,11 +594,11 @@ def load_cluster(name_or_path: str | os.PathLike, *, nodes: int | None = None,
     text = os.fspath(name_or_path)
     if _looks_like_path(text):
         path, shown = Path(text), text
-        if not path.is_file():
+        if not _is_file(path):
             raise ConfigError("no such file", source=shown)
     else:
         path, shown = root / "clusters" / f"{text}.yaml", f"clusters/{text}.yaml"
-        if not path.is_file():
+        if not _is_file(path):
             raise UnknownNameError("cluster preset", text, list_cluster_presets(profiles_dir=root))
     data = read_yaml(path, shown)
     data.setdefault("source", shown)

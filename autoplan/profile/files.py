@@ -125,7 +125,11 @@ class Checker:
         value = d.get(name) if optional else self.key(d, name, where)
         if value is None and optional:
             return None
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        try:
+            ok = ok and math.isfinite(value)
+        except OverflowError:                   # an integer too large for a float
+            ok = False
         if not ok or value < 0 or (positive and value == 0):
             what = "a positive" if positive else "a non-negative"
             raise self.fail(_join(where, name), f"must be {what} finite number, got {value!r}")
@@ -143,7 +147,7 @@ class Checker:
     def unknown(self, d: dict, known: set[str], where: str) -> None:
         extra = sorted(set(d) - known)
         if extra:
-            raise self.fail(_join(where, extra[0]), "unknown key")
+            raise self.fail(_join(where, extra[0] or '""'), "unknown key")  # "" shown as ""
 
     def header(self, d: Any, fmt: str) -> dict:
         d = self.obj(d, "<top level>")
@@ -182,18 +186,49 @@ def _join(where: str, name: str) -> str:
 
 # ---- files ---------------------------------------------------------------------------------
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def read_json(path: str | os.PathLike) -> Any:
+    """Parse a profile file; anything unreadable becomes a ProfileError naming the file.
+
+    Duplicate keys are errors (``json`` would keep the last one silently), like unknown ones.
+    """
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ProfileError("no such profile file", source=str(path)) from None
     except OSError as exc:
         raise ProfileError(f"cannot read ({exc.strerror})", source=str(path)) from None
     try:
-        return json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ProfileError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}",
+                           source=str(path)) from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"not valid JSON (line {exc.lineno}: {exc.msg})",
+                           source=str(path)) from None
+    except _DuplicateKey as exc:
+        raise ProfileError(f"not valid JSON: duplicate key {exc.args[0]!r}",
+                           source=str(path)) from None
+    except RecursionError:
+        raise ProfileError("not valid JSON: nested too deeply", source=str(path)) from None
+    except ValueError as exc:                   # e.g. an integer of more than 4300 digits
+        raise ProfileError(f"not valid JSON: a value cannot be read ({exc})",
                            source=str(path)) from None
 
 

@@ -394,7 +394,10 @@ class LinkProfile:
         for i, p in enumerate(published):
             w = f"published[{i}]"
             c.obj(p, w)
+            c.unknown(p, {"collective", "group_size", "level", "busbw_gbps", "source"}, w)
             c.string(p, "collective", w, COLLECTIVES)
+            c.integer(p, "group_size", w, optional=True, minimum=2)
+            c.string(p, "level", w, LEVELS)
             c.number(p, "busbw_gbps", w, positive=True)
             c.string(p, "source", w)
         note = d.get("note", "")
