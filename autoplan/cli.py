@@ -56,6 +56,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---- argument groups ---------------------------------------------------------------------
 
+#: The largest global batch (samples) the planner takes: it enumerates the divisors of the
+#: batch per data-parallel rank, and an absurd batch would keep it busy for hours.
+MAX_GLOBAL_BATCH = 2 ** 31
+
+
+def _count(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer in [minimum, maximum] (a usage error otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"        # what argparse names in its own messages
+    return parse
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="built-in name or preset (see `autoplan models`), "
                    "hf:<model_type or path/config.json>, or import:<pkg.module:factory>")
@@ -72,23 +93,24 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--cluster", required=required,
                    help="cluster preset (see `autoplan clusters`) or a YAML file")
-    p.add_argument("--nodes", type=int, help="override the cluster's node count")
-    p.add_argument("--global-batch", type=int, required=required, help="global batch (samples)")
+    p.add_argument("--nodes", type=_count(1), help="override the cluster's node count")
+    p.add_argument("--global-batch", type=_count(1, MAX_GLOBAL_BATCH), required=required,
+                   help="global batch (samples)")
     p.add_argument("--precision", choices=("mixed", "fp32"),
                    help="mixed: bf16 compute, fp32 master weights (default on GPUs); fp32")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("configuration")
-    g.add_argument("--tp", type=int, default=1)
-    g.add_argument("--pp", type=int, default=1)
-    g.add_argument("--dp", type=int, help="default: devices / (tp * pp)")
+    g.add_argument("--tp", type=_count(1), default=1)
+    g.add_argument("--pp", type=_count(1), default=1)
+    g.add_argument("--dp", type=_count(1), help="default: devices / (tp * pp)")
     g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-    g.add_argument("--micro-batch", type=int, default=1)
+    g.add_argument("--micro-batch", type=_count(1), default=1)
     g.add_argument("--checkpoint", choices=("none", "full"), default="none",
                    help="activation recomputation")
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default="1f1b")
-    g.add_argument("--virtual-stages", type=int, default=1)
+    g.add_argument("--virtual-stages", type=_count(1), default=1)
     g.add_argument("--sp", action="store_true", help="sequence parallelism (needs tp > 1)")
 
 
