@@ -20,8 +20,11 @@ Three predictions per plan, all with the same measured profiles:
   plan's raw prediction, which is made for the cores other users' processes left the run
   (``autoplan.hostload``, measured during the run: the machine is shared, and a run gets
   ``C - external`` of the ``C`` cores); no plan's own run enters its prediction;
-* ``plan`` — the prediction stored in the plan when it was made (the calibration committed
-  then, from an earlier session's runs; idle machine).
+* ``separate`` — the committed calibration (``profiles/calibration/local-cpu.json``, fitted
+  on an earlier session's runs; refused if it lists any run of this session) applied to this
+  plan's raw prediction at the run's cores: calibration from separate runs;
+* ``plan`` — the prediction stored in the plan when it was made (the committed calibration,
+  for an idle machine: it ignores what other users took, so it is slower on a busy machine).
 
 Targets (with the local profile): Spearman rank correlation of predicted vs measured step
 time >= 0.9; median absolute relative error <= 15% (time) and <= 10% (peak memory); the plan
@@ -153,8 +156,39 @@ def analyse(runs_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             "external_cores": run.load.external_cores if run.load else None,
             "load_avg_before": list(run.load.load_avg_before) if run.load else None,
         })
+    separate = committed_calibration(cluster, runs_dir)
+    for row, raw in zip(rows, raw_load):
+        pred = separate.apply(raw) if separate else None
+        row["predicted_separate_step_s"] = pred.step_time_s if pred else None
+        row["predicted_separate_memory_bytes"] = pred.memory.total if pred else None
     full = fit(runs, raw_load, cluster=cluster)
-    return rows, {"full": full, "runs": runs, "raw_load": raw_load}
+    return rows, {"full": full, "runs": runs, "raw_load": raw_load, "separate": separate}
+
+
+def committed_calibration(cluster: str, runs_dir: Path):
+    """The committed calibration of ``cluster`` if it was fitted on other runs, else None."""
+    from autoplan.cluster import profiles_root
+    from autoplan.cost.calibration import load_calibration
+
+    cal = load_calibration(cluster, profiles_root())
+    if cal.source is None:
+        return None
+    mine = {str((runs_dir / n).resolve()) for n in PLANS}
+    used = {str(Path(r.get("run", "")).resolve()) for r in cal.runs}
+    return None if mine & used else cal
+
+
+def run_load(runs: list) -> dict[str, Any]:
+    """The machine's load over the engine runs (from each run's host_load.json)."""
+    loads = [r.load for r in runs if r.load is not None]
+    if not loads:
+        return {}
+    return {"load_avg_1min": [min(l.load_avg_before[0] for l in loads),
+                              max(l.load_avg_after[0] for l in loads)],
+            "external_cores": [round(min(l.external_cores for l in loads), 3),
+                               round(max(l.external_cores for l in loads), 3)],
+            "cores": loads[0].cores,
+            "engine_wall_s": round(sum(l.wall_s for l in loads), 1)}
 
 
 def metrics(rows: list[dict[str, Any]], key_t: str, key_m: str) -> dict[str, float]:
@@ -177,6 +211,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
     panels = [("step time (s)", "measured_step_s", "predicted_step_s", 1.0),
@@ -193,10 +228,18 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
                         [lo * (1 + band), hi * (1 + band)], color="grey", alpha=0.12,
                         label=f"±{band:.0%}")
         ax.scatter(xs, ys, color="tab:blue", zorder=3)
+        placed: list[tuple[float, float]] = []
+        offsets = [(5, 4), (5, -11), (-48, 4), (-48, -11)]
         for x, y, n in zip(xs, ys, names):
-            ax.annotate(n, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            near = sum(abs(x / px - 1) < 0.06 and abs(y / py - 1) < 0.06 for px, py in placed)
+            ax.annotate(n, (x, y), textcoords="offset points", xytext=offsets[near % 4],
+                        fontsize=8)
+            placed.append((x, y))
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            axis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_xlabel(f"measured {title}")
@@ -245,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     m_plan = metrics(rows, "predicted_by_plan_step_s", "predicted_by_plan_memory_bytes") \
         if all(r["predicted_by_plan_step_s"] for r in rows) else None
     m_raw = metrics(rows, "predicted_raw_idle_step_s", "predicted_raw_memory_bytes")
+    m_sep = metrics(rows, "predicted_separate_step_s", "predicted_separate_memory_bytes") \
+        if all(r["predicted_separate_step_s"] for r in rows) else None
     targets = [
         target("Spearman rho, predicted vs measured step time", f">= {SPEARMAN}",
                round(m["spearman_time"], 3), m["spearman_time"] >= SPEARMAN),
@@ -272,16 +317,23 @@ def main(argv: list[str] | None = None) -> int:
         "method": ("predicted_step_s / predicted_memory_bytes: leave-one-out calibration "
                    "(factors fitted on the other plans' runs), raw prediction made for the "
                    "cores other processes left each run (host_load.json); targets judge these"),
-        "metrics": {"loo_calibrated": m, "raw_idle": m_raw, "as_planned": m_plan},
+        "metrics": {"loo_calibrated": m, "separate_calibration": m_sep, "raw_idle": m_raw,
+                    "as_planned": m_plan},
+        "separate_calibration": (extra["separate"].to_dict()["factors"] | {
+            "date": extra["separate"].date, "runs": [r["run"] for r in extra["separate"].runs]})
+        if extra["separate"] else None,
         "calibration_all_runs": full.to_dict()["factors"],
-        "load_avg": {"start": [round(x, 2) for x in load_start],
-                     "end": [round(x, 2) for x in load_end]},
+        "machine_load_during_runs": run_load(extra["runs"]),
+        "load_avg_at_analysis": {"start": [round(x, 2) for x in load_start],
+                                 "end": [round(x, 2) for x in load_end]},
+        "reused_runs": args.reuse,
         "seconds": round(time.perf_counter() - t0, 1), "plot": png.name})
     print_table("other predictions (same metrics)", ["prediction", "spearman", "time err",
                                                      "memory err", "best/measured best"],
                 [[k, v["spearman_time"], v["median_abs_error_time"],
                   v["median_abs_error_memory"], v["predicted_best_over_measured_best"]]
-                 for k, v in (("raw idle", m_raw), ("as planned", m_plan)) if v])
+                 for k, v in (("separate calibration, at load", m_sep), ("raw idle", m_raw),
+                              ("as planned (idle)", m_plan)) if v])
     return 0
 
 

@@ -58,7 +58,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoplan.cluster import Cluster, profiles_root, read_yaml
 from autoplan.cost.batch_scale import batch_tensors, scaled_node
@@ -68,8 +68,12 @@ from autoplan.cost.compute import ComputeModel
 from autoplan.cost.shared_cores import SharedCoreComposer
 from autoplan.errors import ConfigError
 from autoplan.graph import OpGraph, OpNode
-from autoplan.profile.lookup import OpTimeTable
+from autoplan.plan import ParallelConfig, Prediction
+from autoplan.profile.lookup import Lookup, OpTimeTable
 from autoplan.profile.store import LinkProfile
+
+if TYPE_CHECKING:
+    from autoplan.planner.estimate import Estimator
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +164,9 @@ class ProfiledOpTimes:
             self._flags[key] = batch_tensors(graph)
         return self._flags[key]
 
-    def explain(self, node: OpNode, graph: OpGraph, tp: int, batch_scale: float):
+    def explain(self, node: OpNode, graph: OpGraph, tp: int, batch_scale: float) -> Lookup:
         """The :class:`~autoplan.profile.lookup.Lookup` of ``node`` at that TP degree and
         batch scale (source "roofline" when the shapes cannot be scaled)."""
-        from autoplan.profile.lookup import Lookup
-
         scaled = scaled_node(node, self._batch_flags(graph)[node.name], batch_scale)
         if scaled is None:
             return Lookup(None, None, "roofline", node.name)
@@ -259,7 +261,7 @@ class CostProvenance:
     link_times: ProfiledLinkTimes | None = None
     composer: SharedCoreComposer | None = None
 
-    def finish(self, est, p, pred):
+    def finish(self, est: "Estimator", p: ParallelConfig, pred: Prediction) -> Prediction:
         """The Estimator's raw prediction ``pred`` of config ``p``, composed for shared
         cores where the ranks share them, then calibrated."""
         if self.composer is not None:
