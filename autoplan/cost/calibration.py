@@ -15,8 +15,9 @@ factors and the terms of :class:`~autoplan.plan.TimeBreakdown`::
     compute' = f_compute · compute      recompute' = f_compute · recompute
     optimizer' = f_compute · optimizer  tp_comm' = f_tp · tp_comm
     dp_comm' = f_dp · dp_comm           pp_comm' = f_pp · pp_comm
-    bubble' = f_pipe · bubble,   f_pipe = (f_compute (compute + recompute) + f_tp tp_comm
-                                           + f_pp pp_comm) / (compute + recompute + tp_comm + pp_comm)
+    bubble' = f_pipe · bubble,
+    f_pipe = (f_compute (compute + recompute) + f_tp tp_comm + f_pp pp_comm)
+             / (compute + recompute + tp_comm + pp_comm)
     step' = the sum of the terms'
 
 The bubble is idle time waiting for other stages' forward/backward work (compute, TP and

@@ -8,7 +8,8 @@ and by its dependency chain at a full core per rank::
 
     T = max(T_cap, T_dep)
     T_cap = (1 / p) · sum over pipeline ranks d of W_d          (times at the core share s)
-    W_d   = m · sum over d's chunks of (fwd + bwd + TP comm + 2 · send [+ fwd + TP fwd, recomputed])
+    W_d   = m · sum over d's chunks of (fwd + bwd + TP comm + 2 · send
+                                         [+ fwd + TP fwd, recomputed])
             + DP comm of d in full + optimizer of d
     T_dep = s · T_pipeline                                      (the Estimator's step at share
                                                                  s, run at a full core)
