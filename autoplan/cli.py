@@ -236,9 +236,10 @@ def _progress_search(problem, space=None, top_k: int = 5, quiet: bool = False):
                                              problem.global_batch,
                                              runnable_space(problem.spec, space),
                                              head_counts(problem.spec)))
+    console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True, disable=quiet) as bar:
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True,
+                  disable=quiet or not console.is_terminal) as bar:   # nothing in logs / pipes
         task = bar.add_task("searching configurations", total=total)
         return plan_problem(problem, space=space, top_k=top_k,
                             progress=lambda n: bar.update(task, completed=n)

@@ -15,6 +15,7 @@ This is the baseline every later solver must beat.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -157,25 +158,49 @@ def search_uniform(graph: OpGraph, cluster: Cluster, global_batch: int, *,
 
 
 def explain_infeasible(closest: Candidate, cluster: Cluster) -> str:
-    """Which constraint binds (memory per device: needed vs available) and what would help."""
+    """Which constraint binds -- memory per device: needed vs available, for the candidate
+    that needs the least -- and what would make it fit: the levers that candidate does not
+    pull yet (ZeRO-3, activation checkpointing, a smaller micro-batch), and more devices. The
+    device count is what lets the model states (parameters, gradients, optimizer), which
+    shard over devices, fit beside what does not shard (activations, buffers)."""
     mem = closest.prediction.memory
     limit = closest.prediction.memory_limit_bytes
     p = closest.parallel
+    uses = {"ZeRO-3": p.zero == 3, "full activation checkpointing": p.checkpoint != "none",
+            "micro-batch 1": p.micro_batch == 1}
+    pulled = [name for name, used in uses.items() if used]
     hints = []
-    if p.zero < 3:
+    if p.zero < 3 and p.dp > 1:                 # ZeRO shards over data-parallel ranks only
         hints.append("ZeRO-3")
     if p.checkpoint == "none":
         hints.append("activation checkpointing")
     if p.micro_batch > 1:
         hints.append("a smaller micro-batch")
-    need_devices = cluster.world_size * mem.total / limit
-    hints.append(f"about {need_devices:.0f}+ devices ({cluster.device.name})")
-    return (f"model does not fit: the configuration needing the least memory ({p.label()}) "
-            f"needs {mem.total / GB:.1f} GB per device (params {mem.params / GB:.1f}, grads "
-            f"{mem.grads / GB:.1f}, optimizer {mem.optimizer / GB:.1f}, activations "
-            f"{mem.activations / GB:.1f}, other {mem.other / GB:.1f}) but a "
-            f"{cluster.device.name} has {limit / GB:.1f} GB; to make it fit use "
-            + ", ".join(hints))
+    states = mem.params + mem.grads + mem.optimizer
+    unsharded = mem.activations + mem.other
+    if unsharded < limit:
+        devices = math.ceil(cluster.world_size * states / (limit - unsharded))
+        hints.append(f"at least {devices} devices instead of {cluster.world_size} (the "
+                     f"model states, {_size(states)} per device here, shard over them)")
+    else:
+        hints.append(f"a shorter sequence or a smaller model: activations and buffers alone "
+                     f"need {_size(unsharded)} per device, so more devices will not do")
+    return (f"model does not fit: memory per device is the binding constraint. The "
+            f"configuration needing the least memory ({p.label()}) needs "
+            f"{_size(mem.total)} per device (params {_size(mem.params)}, grads "
+            f"{_size(mem.grads)}, optimizer {_size(mem.optimizer)}, activations "
+            f"{_size(mem.activations)}, other {_size(mem.other)}) but each "
+            f"{cluster.device.name} has {_size(limit)}"
+            + (f"; it already uses {', '.join(pulled)}" if pulled else "")
+            + "; to make it fit use " + ", or ".join(hints))
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in GB (1e9 bytes), or in MB / kB when smaller, to one decimal."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes / 1e3:.1f} kB"
 
 
 def _asdict(p: ParallelConfig) -> dict:
