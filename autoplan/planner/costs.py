@@ -54,7 +54,7 @@ from autoplan.cost.memory import PRECISION_BYTES
 from autoplan.graph import OpGraph
 from autoplan.planner.mesh import LogicalMesh
 from autoplan.planner.strategies import (AXES, KindGraph, Spec, Strategy, members,
-                                         output_spec)
+                                         output_spec, shard_dim)
 
 REDUCE_BYTES = 4                         # gradients are reduced in fp32 (as the Estimator)
 #: sync-axes buckets of parameters: index -> the axes
@@ -193,6 +193,8 @@ class CostModel:
         arithmetic, so the same result."""
         if nbytes <= 0 or group.size <= 1:
             return 0.0
+        if getattr(self.comm, "measured", None) is not None:   # a measured profile
+            return self.comm.time(collective, nbytes, group)
         key = (collective, group)
         terms = self._coll_cache.get(key)
         if terms is None:
@@ -216,6 +218,9 @@ class CostModel:
         S > 0 (0, 0 for a group of one)."""
         if group.size <= 1:
             return 0.0, 0.0
+        if getattr(self.comm, "measured", None) is not None:   # secant through 1 / 2 GB
+            t1, t2 = self.coll(collective, 1e9, group), self.coll(collective, 2e9, group)
+            return t1 - (t2 - t1), (t2 - t1) / 1e9
         self.coll(collective, 1.0, group)
         is_fitted, alpha, factor, x = self._coll_cache[(collective, group)]
         return alpha, (factor * x if is_fitted else factor / x)
@@ -349,10 +354,10 @@ class CostModel:
                     + list(zip(s.outputs, info.output_shapes, node.output_meta)):
                 if spec is None:
                     continue
-                for d in {int(p[1:]) for p in spec if p.startswith("S")}:
+                for d in {shard_dim(p) for p in spec if p.startswith("S")}:
                     if d >= len(meta.shape):
                         return None
-                    n = math.prod(sizes[x] for x in range(AXES) if spec[x] == f"S{d}")
+                    n = math.prod(sizes[x] for x in range(AXES) if shard_dim(spec[x]) == d)
                     scaled = shape_p[d] != meta.shape[d]
                     if not scaled and meta.shape[d] % n:
                         return None

@@ -96,3 +96,40 @@ def _member_ok(graph: OpGraph, kg, names, pos: int, k: int, tp: int, sp: bool) -
             if o[1] != ("S1" if seq else "R") and o[1] != "P":
                 return False            # (Partial: a row op's output, reduced downstream)
     return True
+
+
+def uniform_choice(ev, parallel) -> "PipelineChoice":
+    """The uniform configuration ``parallel`` (a :class:`~autoplan.plan.ParallelConfig`) as
+    the search's :class:`~autoplan.planner.evaluate.PipelineChoice`: the Estimator's chunks
+    (:func:`~autoplan.planner.build.split_layers`), each on a ``(dp, tp)`` mesh with the
+    cheapest Megatron layout (the ILP restricted by :func:`megatron_restrict`)."""
+    from autoplan.planner.build import split_layers
+    from autoplan.planner.compose import Composition, build_problem
+    from autoplan.planner.evaluate import PipelineChoice, StageChoice
+    from autoplan.planner.intra_op import solve
+    from autoplan.planner.mesh import LogicalMesh
+
+    p = parallel
+    ms = ev.ms
+    graph = ms.graph
+    mesh = LogicalMesh((p.dp, p.tp), ev.cm.cluster.devices_per_node)
+    micro_batch = p.dp * p.micro_batch
+    ckpt = p.checkpoint == "full"
+    stages = []
+    for a, b in split_layers(graph, p.pp * p.virtual_stages):
+        comp = Composition.of(ms, a, b)
+        costs = {k: ev.kind_costs(k, mesh, micro_batch) for k, _ in comp.counts}
+        restrict = {k: megatron_restrict(graph, costs[k],
+                                         sequence_parallel=p.sequence_parallel)
+                    for k, _ in comp.counts}
+        problem, dec = build_problem(ev.cm, ms, comp, mesh, micro_batch,
+                                     micro_batches=p.num_micro_batches, in_flight=1,
+                                     checkpoint=ckpt, zero_allowed=(p.zero,), costs=costs,
+                                     restrict=restrict)
+        sol = solve(problem)
+        choice = tuple((k, tuple(int(restrict[k][ai][sol.choice[dec.offset[k] + ai]])
+                                 for ai in range(len(costs[k].anchors))))
+                       for k, _ in comp.counts)
+        stages.append(StageChoice(a, b, mesh, choice, p.zero, ckpt))
+    return PipelineChoice(tuple(stages), micro_batch, p.num_micro_batches, p.schedule,
+                          p.virtual_stages)

@@ -22,9 +22,10 @@ Graph of a layer kind (:class:`KindGraph`): the ops, which tensor each input com
 (another op of the layer, a parameter, the batch, or an earlier layer), and *followers*
 (Alpa's merging): an op with one activation input from an op of the same layer whose every
 strategy is determined by that input's placement (views, element-wise ops, dropout, ...)
-joins its producer's group; where it admits no strategy for a placement its producer can
-give, it takes the nearest one with some axes replicated and the group pays that
-resharding (``KindGraph.reshard``). A view of a parameter (``t(weight)``) joins the
+joins its producer's group; where it admits no strategy for a sharded placement its producer
+can give, it takes the nearest one with those axes replicated and the group pays the
+all-gather (``KindGraph.reshard``); a Partial input it cannot take keeps it an anchor (an
+all-reduce or a reduce-scatter is then the ILP's choice). A view of a parameter (``t(weight)``) joins the
 parameter. Only group anchors become ILP variables.
 """
 
@@ -101,7 +102,8 @@ class KindGraph:
 @contextlib.contextmanager
 def probe_mesh() -> Iterator["torch.distributed.device_mesh.DeviceMesh"]:
     """A 2 x 2 DeviceMesh on a fake process group; the group is torn down afterwards if this
-    context created it."""
+    context created it. DTensor's redistribute-cost estimate is disabled meanwhile (not
+    needed here, and the slowest part of enumerating strategies)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -113,11 +115,23 @@ def probe_mesh() -> Iterator["torch.distributed.device_mesh.DeviceMesh"]:
     elif dist.get_world_size() < 4:
         raise RuntimeError("a process group of fewer than 4 ranks is already initialised; "
                            "plan in a process without one (the planner uses a fake group)")
+    import torch.distributed.tensor._ops.utils as dt_utils
+
+    # strategy functions price every input placement against every strategy with DTensor's
+    # own redistribute cost (a graph search per pair for strided layouts); the planner
+    # prices resharding itself, so those costs are switched off while probing
+    saved = dt_utils.redistribute_cost
+    dt_utils.redistribute_cost = _zero_cost
     try:
         yield DeviceMesh("cpu", torch.arange(4).view(2, 2), mesh_dim_names=("a0", "a1"))
     finally:
+        dt_utils.redistribute_cost = saved
         if created:
             dist.destroy_process_group()
+
+
+def _zero_cost(src, dst) -> float:
+    return 0.0
 
 
 # ---- placements ---------------------------------------------------------------------------
@@ -128,7 +142,7 @@ def place_str(p) -> Place | None:
     from torch.distributed.tensor.placement_types import _StridedShard
 
     if isinstance(p, _StridedShard):
-        return None
+        return f"S{p.dim}~{p.split_factor}"
     if isinstance(p, Shard):
         return f"S{p.dim}"
     if isinstance(p, Replicate):
@@ -138,13 +152,24 @@ def place_str(p) -> Place | None:
     return None
 
 
+def shard_dim(p: Place) -> int | None:
+    """The tensor dim a compact placement shards, or None."""
+    if not p.startswith("S"):
+        return None
+    return int(p[1:].split("~")[0])
+
+
 def dtensor_placement(p: Place) -> str:
-    """Compact form -> the plan's DTensor spelling."""
+    """Compact form -> the plan's DTensor spelling (a strided shard — a flattened dim
+    sharded along its inner factor, e.g. heads inside batch x heads — is written
+    ``_StridedShard(d)``)."""
     if p == "R":
         return "Replicate()"
     if p == "P":
         return "Partial()"
-    return f"Shard({p[1:]})"
+    if "~" in p:
+        return f"_StridedShard({shard_dim(p)})"
+    return f"Shard({shard_dim(p)})"
 
 
 def basic_specs(ndim: int, partial: bool = False) -> list[Spec]:
@@ -169,54 +194,61 @@ def _dtensor_spec(mesh, ref: TensorRef, spec: Spec):
 
     from torch.distributed.tensor import Partial
 
-    places = tuple(Replicate() if p == "R" else Partial() if p == "P" else Shard(int(p[1:]))
-                   for p in spec)
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    def one(p: Place):
+        if p == "R":
+            return Replicate()
+        if p == "P":
+            return Partial()
+        if "~" in p:
+            return _StridedShard(shard_dim(p), split_factor=int(p.split("~")[1]))
+        return Shard(shard_dim(p))
+
+    places = tuple(one(p) for p in spec)
     meta = TensorMeta(torch.Size(ref.shape), ref.stride, ref.dtype)
     return DTensorSpec(mesh, places, tensor_meta=meta)
 
 
-def dtensor_strategies(mesh, op: RecordedOp) -> list[Strategy] | None:
-    """All strategies DTensor registers for ``op`` (None if the op is not covered)."""
+def dtensor_strategies(mesh, op: RecordedOp,
+                       extra: dict[int, list[Spec]] | None = None) -> list[Strategy] | None:
+    """All strategies DTensor registers for ``op`` (None if the op is not covered).
+    ``extra``: more placements (strided shards a producer gives) per tensor input slot."""
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
-    from torch.distributed.tensor._ops.single_dim_strategy import \
-        _expand_single_dim_strategy_to_mesh
 
     prop = DTensor._op_dispatcher.sharding_propagator
     single = prop.op_single_dim_strategy_funcs.get(op.func)
     full = prop.op_strategy_funcs.get(op.func)
     if single is None and full is None:
         return None
-    is_ref = lambda x: isinstance(x, TensorRef)          # noqa: E731
-    # the runtime schema: one spec per tensor (a sharded one, so that single-dim placeholders
-    # expand to Shard); the strategy schema: every basic spec (followers map each of them)
-    seed = lambda r: _dtensor_spec(mesh, r, ("S0", "R") if r.shape else REPLICATE)  # noqa
-    def cands(r: TensorRef):                                              # noqa: E306
-        specs = [_dtensor_spec(mesh, r, s) for s in basic_specs(len(r.shape), partial=True)] \
-            if single is None else [seed(r)]
-        return OpStrategy([OpSpec(s) for s in specs])
-    info = prop.op_to_schema_info.get(op.func)
-    args = pytree.tree_map_only(TensorRef, seed, op.args, is_leaf=is_ref)
-    kwargs = pytree.tree_map_only(TensorRef, seed, op.kwargs, is_leaf=is_ref)
-    s_args = pytree.tree_map_only(TensorRef, cands, op.args, is_leaf=is_ref)
-    s_kwargs = pytree.tree_map_only(TensorRef, cands, op.kwargs, is_leaf=is_ref)
-    schema = OpSchema(op.func, tuple(args), kwargs, schema_info=info)
-    s_schema = OpSchema(op.func, tuple(s_args), s_kwargs, schema_info=info)
+    try:
+        specs = _registry_specs(mesh, op, prop, single, full, extra or {}, None)
+    except Exception:           # noqa: BLE001 — one extra placement the rule cannot take
+        if not extra:
+            raise
+        specs = _registry_specs(mesh, op, prop, single, full, {}, None)
+        for slot, extras in extra.items():
+            for spec in extras:
+                try:
+                    specs += _registry_specs(mesh, op, prop, single, full, {slot: [spec]},
+                                             None)
+                except Exception:   # noqa: BLE001
+                    continue
     if single is not None:
-        out_meta = prop._propagate_tensor_meta_non_cached(schema)
-        fn = _expand_single_dim_strategy_to_mesh(mesh, s_schema, single, out_meta)
-        specs = getattr(fn(op.func, s_schema.args_meta, s_schema.kwargs_meta),
-                        "strategies", None)
-    else:
-        try:
-            specs = getattr(full(s_schema), "strategies", None)
-        except (IndexError, AssertionError):
-            # strategy functions that walk several inputs in lockstep (nll_loss_forward):
-            # one call per placement of the first tensor input, the others given once
-            specs = _per_first_input(mesh, full, op, info, seed)
+        # single-dim rules expand their shard placeholders into the shard kinds the inputs
+        # use: one more call per strided placement a producer gives, seeding every input
+        # that can receive it
+        union = sorted({spec for extras in (extra or {}).values() for spec in extras})
+        for spec in union:
+            slots = {slot: spec for slot, extras in extra.items() if spec in extras}
+            try:
+                specs += _registry_specs(mesh, op, prop, single, full, {}, slots)
+            except Exception:       # noqa: BLE001 — a rule that cannot take this placement
+                continue
     if specs is None:
         return None
     specs = list(specs) + _supplement(mesh, op)
+    is_ref = lambda x: isinstance(x, TensorRef)          # noqa: E731
     n_in = sum(1 for x in pytree.tree_leaves((op.args, op.kwargs), is_leaf=is_ref)
                if isinstance(x, TensorRef))
     n_out = len(op.outputs)
@@ -240,6 +272,57 @@ def dtensor_strategies(mesh, op: RecordedOp) -> list[Strategy] | None:
             seen.add(strat)
             out.append(strat)
     return out
+
+
+def _registry_specs(mesh, op: RecordedOp, prop, single, full, extra: dict[int, list[Spec]],
+                    seed_override: dict[int, Spec] | None) -> list:
+    """OpSpecs from the registry. The runtime schema gets one spec per tensor (a sharded
+    one, so that single-dim placeholders expand to Shard); the strategy schema every basic
+    spec (plus ``extra``) for full-mesh functions, so that followers map each of them."""
+    from torch.distributed.tensor._op_schema import OpSchema, OpSpec, OpStrategy
+    from torch.distributed.tensor._ops.single_dim_strategy import \
+        _expand_single_dim_strategy_to_mesh
+
+    is_ref = lambda x: isinstance(x, TensorRef)          # noqa: E731
+    counter = {"seed": 0, "cands": 0}
+
+    def seed(r: TensorRef):
+        slot = counter["seed"]
+        counter["seed"] += 1
+        if seed_override and slot in seed_override:
+            return _dtensor_spec(mesh, r, seed_override[slot])
+        return _dtensor_spec(mesh, r, ("S0", "R") if r.shape else REPLICATE)
+
+    def cands(r: TensorRef):
+        slot = counter["cands"]
+        counter["cands"] += 1
+        if single is not None:
+            if seed_override and slot in seed_override:
+                return OpStrategy([OpSpec(_dtensor_spec(mesh, r, seed_override[slot]))])
+            return OpStrategy([OpSpec(_dtensor_spec(mesh, r, ("S0", "R") if r.shape
+                                                    else REPLICATE))])
+        specs = basic_specs(len(r.shape), partial=True) + list(extra.get(slot, []))
+        return OpStrategy([OpSpec(_dtensor_spec(mesh, r, s)) for s in specs])
+
+    info = prop.op_to_schema_info.get(op.func)
+    args = pytree.tree_map_only(TensorRef, seed, op.args, is_leaf=is_ref)
+    kwargs = pytree.tree_map_only(TensorRef, seed, op.kwargs, is_leaf=is_ref)
+    s_args = pytree.tree_map_only(TensorRef, cands, op.args, is_leaf=is_ref)
+    s_kwargs = pytree.tree_map_only(TensorRef, cands, op.kwargs, is_leaf=is_ref)
+    schema = OpSchema(op.func, tuple(args), kwargs, schema_info=info)
+    s_schema = OpSchema(op.func, tuple(s_args), s_kwargs, schema_info=info)
+    if single is not None:
+        out_meta = prop._propagate_tensor_meta_non_cached(schema)
+        fn = _expand_single_dim_strategy_to_mesh(mesh, s_schema, single, out_meta)
+        return list(getattr(fn(op.func, s_schema.args_meta, s_schema.kwargs_meta),
+                            "strategies", None) or [])
+    try:
+        return list(getattr(full(s_schema), "strategies", None) or [])
+    except (IndexError, AssertionError):
+        # strategy functions that walk several inputs in lockstep (nll_loss_forward):
+        # one call per placement of the first tensor input, the others given once
+        plain = lambda r: _dtensor_spec(mesh, r, ("S0", "R") if r.shape else REPLICATE)  # noqa
+        return _per_first_input(mesh, full, op, info, plain)
 
 
 def _per_first_input(mesh, full, op: RecordedOp, info, seed) -> list:
@@ -374,9 +457,95 @@ def build_kind(mesh, graph: OpGraph, rec: Recording, layer: int) -> KindGraph:
             note = note or "not in DTensor's strategy registry"
         infos.append(OpInfo(k, op.name, str(op.func), sources, [r.shape for r in refs],
                             [o.shape for o in op.outputs], strats, covered, note))
+    _keep_strided_for_bmm(infos)
+    _strided_passes(mesh, infos, by_name, graph)
     anchor_of, follow, chain, chain_map, reshard = _groups(infos)
     return KindGraph(graph.layers[layer].kind, layer, infos, anchor_of, follow, chain,
                      chain_map, reshard)
+
+
+#: ops asked again with strided inputs: batched matmuls and the views around them (the path
+#: of eager attention's (batch x heads) flattening); element-wise ops run unflattened
+_STRIDED_OPS = frozenset({"bmm", "baddbmm", "view", "_unsafe_view", "reshape", "expand",
+                          "clone"})
+
+
+_VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "clone"})
+_BMM = frozenset({"bmm", "baddbmm"})
+
+
+def _keep_strided_for_bmm(infos: list[OpInfo]) -> None:
+    """Strided outputs only where a batched matmul reads them through views (eager
+    attention flattening batch x heads); elsewhere a view of a sharded inner dim gathers it
+    (the sequence-parallel norm feeding a column-parallel projection)."""
+    name = lambda i: infos[i].op.split(".")[1] if "." in infos[i].op else infos[i].op  # noqa
+    feeders: set[int] = set()
+    stack = [i for i in range(len(infos)) if name(i) in _BMM]
+    while stack:
+        i = stack.pop()
+        for src in infos[i].inputs:
+            if src.kind == "op" and name(src.ref) in _VIEWS and src.ref not in feeders:
+                feeders.add(src.ref)
+                stack.append(src.ref)
+    for i, info in enumerate(infos):
+        keep_leading = i in feeders
+        info.strategies = [st for st in info.strategies if not any(
+            "~" in p and not (keep_leading and p.startswith("S0~"))
+            for spec in st.inputs + st.outputs if spec is not None for p in spec)] \
+            or info.strategies
+
+
+def _strided_passes(mesh, infos: list[OpInfo], by_name: dict, graph: OpGraph,
+                    rounds: int = 2) -> None:
+    """Strided shards (a flattened dim sharded along its inner factor: the heads inside
+    batch x heads of eager attention) appear only as outputs of views; ask the registry
+    again for the ops of ``_STRIDED_OPS`` that read them, with those placements as inputs,
+    until none is new."""
+    for _ in range(rounds):
+        new = False
+        for info in infos:
+            op = by_name.get(info.name)
+            if op is None or not info.covered or \
+                    op.func.overloadpacket.__name__ not in _STRIDED_OPS:
+                continue
+            extra: dict[int, list[Spec]] = {}
+            have = [{s.inputs[q] for s in info.strategies} for q in range(len(info.inputs))]
+            for q, src in enumerate(info.inputs):
+                if src.kind != "op":
+                    continue
+                given = {s.outputs[src.output] for s in infos[src.ref].strategies
+                         if src.output < len(s.outputs) and s.outputs[src.output] is not None}
+                # one strided axis (on the flattened leading dim), the other replicated or
+                # batch-sharded: heads inside a flattened batch x heads (data x tensor
+                # parallelism)
+                strided = sorted(g for g in given if sum("~" in p for p in g) == 1
+                                 and all(p.startswith("S0~") or p in ("R", "S0") for p in g)
+                                 and g not in have[q])
+                if strided:
+                    extra[q] = strided
+            if not extra:
+                continue
+            try:
+                more = dtensor_strategies(mesh, op, extra) or []
+            except Exception:         # a rule that cannot take the strided placement
+                continue
+            is_view = op_kind(graph.nodes[info.name]) == "view"
+            known = set(info.strategies)
+            for s in more:
+                if any("~" in p and not p.startswith("S0~") for spec in s.inputs + s.outputs
+                       if spec is not None for p in spec):
+                    continue
+                if s in known or any("P" in spec and not (
+                        src.kind == "param" or (is_view and all(
+                            o is None or o[a] == "P" for o in s.outputs
+                            for a in range(AXES) if spec[a] == "P")))
+                        for spec, src in zip(s.inputs, info.inputs)):
+                    continue
+                info.strategies.append(s)
+                known.add(s)
+                new = True
+        if not new:
+            break
 
 
 def _global_indices(graph: OpGraph, layer: int) -> list[int]:
@@ -463,7 +632,11 @@ def _groups(infos: list[OpInfo]):
             if p_spec in by_in:
                 mapping[k] = by_in[p_spec]
                 continue
-            near = [f for f in by_in if all(f[a] in (p_spec[a], "R") for a in range(AXES))]
+            # (a Partial input is not followed: reducing it to Replicate or to a shard is a
+            # real choice — sequence parallelism takes the shard — so the op stays an anchor)
+            near = [f for f in by_in if all(f[a] == p_spec[a] or (f[a] == "R" and
+                                                                 p_spec[a] != "P")
+                                            for a in range(AXES))]
             if not near:
                 ok = False
                 break
