@@ -5,7 +5,9 @@ The formats themselves are in :mod:`autoplan.profile.store`; this module is what
 Concurrency: every writer goes through :func:`locked_update` — an exclusive ``fcntl.flock``
 on a sidecar ``.<name>.lock`` file, read the current file, merge, validate, then write via a
 temp file and ``os.replace`` (:func:`autoplan.plan.atomic_write_text`). Two processes adding
-entries to one file therefore both land, and a reader never sees half a file.
+entries to one file therefore both land, and a reader never sees half a file. A writer killed
+mid-write leaves the previous file whole; the kernel drops its lock, and the next writer
+deletes the temp file it left.
 
 Errors: :class:`ProfileError` (a :class:`~autoplan.errors.ConfigError`) names the file and
 the dotted field, e.g. ``profiles/ops/x.json: field 'entries[...].fwd_s': must be a
@@ -15,6 +17,7 @@ non-negative finite number, got 'fast'``.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import math
@@ -251,11 +254,20 @@ def locked_update(path: str | os.PathLike, change: Callable[[Any | None], Any]) 
     write ``new`` atomically as sorted, indented JSON. Returns ``new``."""
     path = Path(path)
     with file_lock(path):
+        _remove_stale_temps(path)
         current = read_json(path) if path.exists() else None
         new = change(current)
         atomic_write_text(path, dumps(new) + "\n")
         os.chmod(path, 0o644)           # mkstemp's 0600 would hide shared profiles
     return new
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Delete temp files of ``path`` (``.<name>.*.tmp``, :func:`atomic_write_text`'s) that a
+    writer killed mid-write left behind: every writer holds the lock while its temp file
+    exists, so under the lock any that remains is stale."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        tmp.unlink(missing_ok=True)
 
 
 def dumps(obj: Any, depth: int = 0, inline_at: int = 2) -> str:
