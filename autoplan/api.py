@@ -8,12 +8,16 @@
     # what does my current setup cost, and what would autoplan do instead?
     mine = autoplan.estimate("gpt-7.5b", "dgx-a100", nodes=16, global_batch=512,
                              tp=4, pp=1, micro_batch=2, checkpoint="full")
+
+``optimize`` runs the Alpa-style search (:mod:`autoplan.planner.search`) by default and the
+uniform grid search beside it, whose best configuration the plan keeps as ``comparison``;
+``planner="uniform"`` runs the grid alone (version-1 style plans).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
 
 import torch.nn as nn
 
@@ -109,8 +113,25 @@ def runnable_space(spec: ModelSpec, space: SearchSpace) -> SearchSpace:
     return replace(space, **changes)
 
 
+PLANNERS = ("auto", "uniform")
+
+
 def plan_problem(problem: Problem, *, space: SearchSpace = SearchSpace(), top_k: int = 10,
-                 progress: Callable[[int], None] | None = None) -> tuple[Plan, SearchResult]:
+                 progress: Callable[[int], None] | None = None, planner: str = "uniform",
+                 options=None) -> tuple[Plan, Any]:
+    """Plan ``problem`` with ``planner``: ``"uniform"`` (the grid; returns its
+    :class:`SearchResult`) or ``"auto"`` (the Alpa-style search, with the grid's best kept
+    as the plan's ``comparison``; returns the search's result)."""
+    if planner not in PLANNERS:
+        raise ConfigError(f"must be one of {', '.join(PLANNERS)}, got {planner!r}",
+                          field="planner")
+    if planner == "auto":
+        return _plan_auto(problem, space=space, top_k=top_k, options=options)
+    return _plan_uniform(problem, space=space, top_k=top_k, progress=progress)
+
+
+def _plan_uniform(problem: Problem, *, space: SearchSpace, top_k: int,
+                  progress: Callable[[int], None] | None) -> tuple[Plan, SearchResult]:
     result = search_uniform(problem.graph, problem.cluster, problem.global_batch,
                             space=runnable_space(problem.spec, space),
                             precision=problem.precision,
@@ -125,20 +146,84 @@ def plan_problem(problem: Problem, *, space: SearchSpace = SearchSpace(), top_k:
     return plan, result
 
 
+def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
+               options=None) -> tuple[Plan, Any]:
+    """The search, the uniform grid beside it for the comparison, the plan."""
+    from dataclasses import replace
+
+    from autoplan.display import prediction_dict
+    from autoplan.errors import InfeasibleError
+    from autoplan.models.capabilities import capabilities
+    from autoplan.planner.megatron import uniform_choice
+    from autoplan.planner.search import Candidate, SearchOptions, search
+    from autoplan.planner.to_plan import build_search_plan
+
+    options = options or SearchOptions()
+    if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
+        options = replace(options, max_stages=1)
+    uniform = None
+    uniform_error = None
+    try:
+        _, uniform = _plan_uniform(problem, space=space, top_k=0, progress=None)
+    except InfeasibleError as exc:
+        uniform_error = str(exc)
+    try:
+        result = search(problem.spec, problem.graph, problem.cluster,
+                        global_batch=problem.global_batch, precision=problem.precision,
+                        options=options)
+    except InfeasibleError as exc:
+        if uniform_error is not None:
+            raise InfeasibleError(f"{uniform_error} (the search found no plan either: "
+                                  f"{exc})") from None
+        raise
+    comparison: dict[str, Any] = {"planner": "uniform"}
+    if uniform is None:
+        comparison.update(feasible=False, message=uniform_error)
+    else:
+        best = uniform.best
+        try:                       # the same configuration, priced by the search's evaluator
+            mine = uniform_choice(result.evaluator, best.parallel)
+            repriced = result.evaluator.predict(mine)
+        except (InfeasibleError, ValueError):     # not expressible with DTensor's placements
+            mine = repriced = None
+        comparison.update(
+            feasible=True, parallel=best.parallel.label(), config=asdict(best.parallel),
+            evaluated=uniform.evaluated, step_time_s=best.prediction.step_time_s,
+            repriced_step_time_s=repriced.step_time_s if repriced else None,
+            prediction=prediction_dict(best.prediction),
+            speedup=best.prediction.step_time_s / result.prediction.step_time_s)
+        if repriced is not None and repriced.step_time_s < result.prediction.step_time_s and \
+                repriced.memory.total <= repriced.memory_limit_bytes:
+            # never worse than the baseline: its layout, priced by the search's evaluator
+            result.ranked.insert(0, Candidate(mine, repriced.step_time_s, "uniform baseline",
+                                              repriced))
+            result.best, result.prediction = mine, repriced
+            comparison["speedup"] = best.prediction.step_time_s / repriced.step_time_s
+    plan = build_search_plan(result, problem.spec, problem.cluster,
+                             global_batch=problem.global_batch, seq_len=problem.seq_len,
+                             precision=problem.precision_dict, top_k=top_k,
+                             comparison=comparison)
+    return plan, result
+
+
 def optimize(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
              nodes: int | None = None, seq_len: int | None = None,
              precision: str | None = None, space: SearchSpace = SearchSpace(),
-             top_k: int = 10) -> Plan:
+             top_k: int = 10, planner: str = "auto", options=None) -> Plan:
     """Plan ``model`` on ``cluster``: the fastest predicted configuration that fits.
 
     ``model``: a built-in name or preset ("gpt-7.5b", "llama3-70b"), ``hf:<type or
     config.json>``, ``import:pkg.module:factory``, or a ModelSpec. ``cluster``: a preset
     name ("dgx-a100"), a YAML path, or a Cluster; ``nodes`` overrides its node count.
-    Raises InfeasibleError (with the memory it would need) if nothing fits.
+    ``planner``: ``"auto"`` (the Alpa-style search, default; ``options`` is its
+    :class:`~autoplan.planner.search.SearchOptions`) or ``"uniform"`` (the grid of uniform
+    configurations, restricted by ``space``). Raises InfeasibleError (with the memory it
+    would need) if nothing fits.
     """
     problem = prepare(model, cluster, global_batch=global_batch, nodes=nodes, seq_len=seq_len,
                       precision=precision)
-    plan, _ = plan_problem(problem, space=space, top_k=top_k)
+    plan, _ = plan_problem(problem, space=space, top_k=top_k, planner=planner,
+                           options=options)
     return plan
 
 

@@ -16,6 +16,29 @@ A plan is written by a planner (:mod:`autoplan.planner`), read by the engine
 
 Files are written atomically (temp file + ``os.replace``), keys sorted, no timestamps, so the
 same inputs give a byte-identical file. Loading validates everything and names the field.
+
+Version 2 (written by the search planner, :mod:`autoplan.planner.search`) adds, all optional,
+so version-1 files load unchanged (and are held, and saved again, as version 2):
+
+* ``layout``: ``"uniform"`` — one ``(pp, dp, tp)`` mesh, every stage on a ``(dp, tp)``
+  submesh (version 1's meaning, what the engine executes) — or ``"stages"``: stages on
+  submeshes of their own sizes and shapes. In a ``"stages"`` plan ``mesh`` is the flat list
+  of ranks (shape ``(world,)``, axis ``"rank"``), ``parallel.dp = parallel.tp = 1``,
+  ``parallel.pp`` the number of pipeline ranks, ``parallel.micro_batch`` the whole
+  micro-batch (samples per pipeline step) and ``parallel.zero`` the largest stage's; each
+  stage says how it splits them.
+* per stage: ``axis_names`` of its ``mesh_shape`` (its ``ranks`` laid out row-major over
+  it), ``zero`` (its ZeRO stage; None: ``parallel.zero``), ``micro_batch`` (samples per
+  data-parallel rank on this stage; None: ``parallel.micro_batch``), ``data_axes`` (the axes
+  it shards the batch along — gradients are summed and ZeRO shards states over them),
+  ``activation_placements`` (op name -> axis -> placement, for the ops whose placement the
+  search chose; the rest follow their input as DTensor propagates it) and ``predicted``
+  (seconds and bytes of the stage per micro-batch).
+* ``param_placements`` may name a stage's own axes (``parallel`` axes of a ``"uniform"``
+  plan, the stage's ``axis_names`` in a ``"stages"`` plan); ``_StridedShard(d)`` (a
+  flattened dim sharded along its inner factor) is allowed in activation placements.
+* ``comparison``: what the uniform planner's best configuration predicts for the same
+  model, cluster and batch (``autoplan show`` puts it next to this plan's prediction).
 """
 
 from __future__ import annotations
@@ -31,10 +54,14 @@ from typing import Any
 from autoplan.errors import PlanError
 
 PLAN_FORMAT = "autoplan.plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 MESH_AXES = ("pp", "dp", "tp")
+LAYOUTS = ("uniform", "stages")
 _PLACEMENT = re.compile(r"^(Replicate\(\)|Shard\(-?\d+\)|Partial\(\w*\))$")
+_ACT_PLACEMENT = re.compile(r"^(Replicate\(\)|Shard\(-?\d+\)|Partial\(\w*\)|"
+                            r"_StridedShard\(-?\d+\))$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,7 +145,7 @@ class MeshSpec:
         return out
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=True)
 class Stage:
     """One pipeline stage: a contiguous range of graph layers on a set of ranks."""
 
@@ -128,6 +155,13 @@ class Stage:
     ranks: tuple[int, ...]             # global ranks of this stage's submesh
     mesh_shape: tuple[int, ...]        # (dp, tp) of the submesh
     checkpoint_layers: tuple[str, ...] = ()   # layer names whose activations are recomputed
+    # version 2 (module docstring); defaults reproduce version 1's meaning
+    axis_names: tuple[str, ...] = ("dp", "tp")
+    zero: int | None = None
+    micro_batch: int | None = None
+    data_axes: tuple[str, ...] = ()
+    activation_placements: dict[str, dict[str, str]] = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,6 +252,8 @@ class Plan:
     planner: dict[str, Any] = field(default_factory=dict)
     created_by: dict[str, str] = field(default_factory=dict)
     version: int = PLAN_VERSION
+    layout: str = "uniform"
+    comparison: dict[str, Any] = field(default_factory=dict)
 
     # ---- derived -------------------------------------------------------------------------
     @property
@@ -227,7 +263,9 @@ class Plan:
     def validate(self) -> None:
         """Cross-field checks; raises PlanError naming the field."""
         p = self.parallel
-        if self.mesh.size != p.world_size:
+        if self.layout not in LAYOUTS:
+            raise PlanError(f"field 'layout': must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == "uniform" and self.mesh.size != p.world_size:
             raise PlanError(f"field 'mesh.shape': {list(self.mesh.shape)} has {self.mesh.size} "
                             f"devices but parallel dp*tp*pp = {p.world_size}")
         if p.global_batch() != self.global_batch:
@@ -258,16 +296,50 @@ class Plan:
             if bad:
                 raise PlanError(f"field 'stages[{i}].checkpoint_layers': {sorted(bad)} not in "
                                 "this stage")
+            self._validate_stage_v2(i, st)
         if seen != set(range(self.world_size)):
             raise PlanError(f"field 'stages': ranks {sorted(set(range(self.world_size)) - seen)} "
                             "belong to no stage")
+        known_axes = set(self.mesh.axis_names) | {a for st in self.stages
+                                                  for a in st.axis_names}
         for name, axes in self.param_placements.items():
             for axis, placement in axes.items():
-                if axis not in self.mesh.axis_names:
+                if axis not in known_axes:
                     raise PlanError(f"field 'param_placements.{name}': unknown mesh axis {axis!r}")
                 if not _PLACEMENT.match(placement):
                     raise PlanError(f"field 'param_placements.{name}.{axis}': {placement!r} is not "
                                     "Replicate(), Shard(d) or Partial()")
+
+    def _validate_stage_v2(self, i: int, st: "Stage") -> None:
+        where = f"stages[{i}]"
+        if len(st.axis_names) != len(st.mesh_shape):
+            raise PlanError(f"field '{where}.axis_names': {list(st.axis_names)} for mesh_shape "
+                            f"{list(st.mesh_shape)}")
+        if self.layout == "stages":
+            size = 1
+            for n in st.mesh_shape:
+                size *= n
+            if size != len(st.ranks):
+                raise PlanError(f"field '{where}.mesh_shape': {list(st.mesh_shape)} has {size} "
+                                f"devices but the stage has {len(st.ranks)} ranks")
+        if st.zero is not None and st.zero not in (0, 1, 2, 3):
+            raise PlanError(f"field '{where}.zero': must be 0, 1, 2 or 3, got {st.zero!r}")
+        if st.micro_batch is not None and (isinstance(st.micro_batch, bool) or
+                                           not isinstance(st.micro_batch, int) or
+                                           st.micro_batch < 1):
+            raise PlanError(f"field '{where}.micro_batch': must be a positive integer, got "
+                            f"{st.micro_batch!r}")
+        for axis in st.data_axes:
+            if axis not in st.axis_names:
+                raise PlanError(f"field '{where}.data_axes': unknown axis {axis!r}")
+        for op, axes in st.activation_placements.items():
+            for axis, placement in axes.items():
+                if axis not in st.axis_names:
+                    raise PlanError(f"field '{where}.activation_placements.{op}': unknown axis "
+                                    f"{axis!r}")
+                if not _ACT_PLACEMENT.match(placement):
+                    raise PlanError(f"field '{where}.activation_placements.{op}.{axis}': "
+                                    f"{placement!r} is not a DTensor placement")
 
     # ---- JSON ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -289,6 +361,8 @@ class Plan:
             "prediction": self.prediction.to_dict() if self.prediction else None,
             "alternatives": self.alternatives,
             "planner": self.planner,
+            "layout": self.layout,
+            "comparison": self.comparison,
         }
 
     def to_json(self) -> str:
@@ -314,9 +388,10 @@ class Plan:
             raise PlanError("top level must be a JSON object")
         if d.get("format") != PLAN_FORMAT:
             raise PlanError(f"field 'format': expected {PLAN_FORMAT!r}, got {d.get('format')!r}")
-        if d.get("version") != PLAN_VERSION:
-            raise PlanError(f"field 'version': this autoplan reads plan version {PLAN_VERSION}, "
-                            f"the file is version {d.get('version')!r}")
+        if d.get("version") not in READABLE_VERSIONS:
+            raise PlanError(f"field 'version': this autoplan reads plan versions "
+                            f"{', '.join(map(str, READABLE_VERSIONS))}, the file is version "
+                            f"{d.get('version')!r}")
         known = {f.name for f in fields(cls)} | {"format"}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -344,7 +419,9 @@ class Plan:
             alternatives=d.get("alternatives") or [],
             planner=d.get("planner") or {},
             created_by=d.get("created_by") or {},
-            version=d["version"],
+            version=PLAN_VERSION,           # a version-1 file is read as version 2 (defaults)
+            layout=d.get("layout", "uniform"),
+            comparison=d.get("comparison") or {},
         )
         plan.validate()
         return plan
@@ -365,7 +442,8 @@ class Plan:
 
 def _stage_from_dict(d: dict, i: int) -> Stage:
     d = dict(d)
-    for key in ("layers", "layer_names", "ranks", "mesh_shape", "checkpoint_layers"):
+    for key in ("layers", "layer_names", "ranks", "mesh_shape", "checkpoint_layers",
+                "axis_names", "data_axes"):
         if key in d:
             d[key] = tuple(d[key])
     return _from_dict(Stage, d, f"stages[{i}]")

@@ -429,4 +429,4 @@ class Evaluator:
     def _cross(self, a_start: int, a_size: int, b_start: int, b_size: int) -> bool:
         """Consecutive stages talk inside a node when both fit in one (the Estimator's
         rule for pipeline sends)."""
-        return a_size + b_size > self.cm.cluster.devices_per_node
+        return self.cm.cluster.nodes > 1 and a_size + b_size > self.cm.cluster.devices_per_node

@@ -322,7 +322,7 @@ def range_costs(ev: Evaluator, la: LayerArrays, mesh: LogicalMesh, micro_batch: 
     if zero == 3 and synced:
         fixed = fixed + 2 * la.max_gathered[a, b] * (ps[:, synced].sum(axis=1) > 0)
     out_bytes = ev.output_bytes[np.maximum(b - 1, 0)]
-    cross = 2 * mesh.size > ev.cm.cluster.devices_per_node
+    cross = ev.cm.cluster.nodes > 1 and 2 * mesh.size > ev.cm.cluster.devices_per_node
     line = _line(ev, "send_recv", Group(size=2, ranks_per_node=1 if cross else 2))
     send = np.where(b == n_layers, 0.0,
                     2 * _coll_vec(line, out_bytes * micro_batch / ev.b0 / mesh.size))

@@ -1,0 +1,79 @@
+"""Why was this placement chosen? Each op group priced against its alternatives.
+
+For a stage of a search result, the intra-op ILP of that stage (:func:`~autoplan.planner.
+compose.build_problem`: its layers, logical mesh, micro-batches, ZeRO stage, recomputation
+and memory budget) is rebuilt, the chosen layouts are written as its solution, and
+:func:`~autoplan.planner.intra_op.explain` prices every alternative placement of a group
+with the rest held fixed: the difference in the step-time objective (compute, resharding,
+gradient synchronisation, optimizer) and in memory per device, and whether it would fit.
+"""
+
+from __future__ import annotations
+
+from autoplan.cost.memory import in_flight_micro_batches
+from autoplan.planner.compose import Composition, build_problem
+from autoplan.planner.intra_op import Solution, explain, objective
+from autoplan.planner.strategies import Strategy, dtensor_placement
+
+GB = 1e9
+
+
+def describe(strategy: Strategy, axis_names: tuple[str, ...] = ("a0", "a1")) -> str:
+    """'out (Shard(0), Shard(1)) <- (Shard(0), Replicate()), (Replicate(), Shard(1))'."""
+    def spec(s) -> str:
+        if s is None:
+            return "-"
+        return "(" + ", ".join(dtensor_placement(p) for p in s) + ")"
+    ins = ", ".join(spec(s) for s in strategy.inputs)
+    return f"{spec(strategy.outputs[0] if strategy.outputs else None)} <- {ins}"
+
+
+def explain_stage(result, stage: int, *, kinds: list[str] | None = None, per_op: int = 3,
+                  only_weights: bool = True) -> list[dict]:
+    """Rows for the op groups of ``stage`` (of ``kinds``): chosen placement, its objective
+    terms, and the ``per_op`` best alternatives with their differences."""
+    ev, ms = result.evaluator, result.structure
+    p = result.best
+    st = p.stages[stage]
+    comp = Composition.of(ms, st.start, st.end)
+    costs = {k: ev.kind_costs(k, st.mesh, p.micro_batch) for k, _ in comp.counts}
+    in_flight = in_flight_micro_batches(p.schedule, p.pp, stage % p.pp, p.num_micro_batches,
+                                        p.virtual_stages)
+    problem, dec = build_problem(ev.cm, ms, comp, st.mesh, p.micro_batch,
+                                 micro_batches=p.num_micro_batches, in_flight=in_flight,
+                                 checkpoint=st.checkpoint, zero_allowed=(st.zero,),
+                                 budget=ev.cm.cluster.device.memory_bytes, costs=costs)
+    choice = [0] * len(dec.groups)
+    for kind, ch in st.choice:
+        for ai, j in enumerate(ch):
+            choice[dec.offset[kind] + ai] = j
+    base = objective(problem, choice, st.zero)
+    sol = Solution(choice, st.zero, base["total"], base["memory"])
+    rows = []
+    graph = ms.graph
+    for g, (kind, ai) in enumerate(dec.groups):
+        if kinds is not None and kind not in kinds:
+            continue
+        kc = costs[kind]
+        a = kc.anchors[ai]
+        info = kc.kg.ops[a]
+        reads_params = kc.psi[ai].sum() > 0
+        if only_weights and not reads_params:
+            continue
+        table = explain(problem, sol, g)
+        chosen = table[0]
+        alts = table[1:1 + per_op]
+        strat = lambda j: info.strategies[kc.cand[ai][j]]            # noqa: E731
+        rows.append({
+            "stage": stage, "kind": kind, "layer": graph.layers[kc.kg.layer].name,
+            "op": info.name, "aten": info.op, "module": graph.nodes[
+                graph.layers[kc.kg.layer].nodes[a]].module_path,
+            "chosen": describe(strat(chosen["candidate"])),
+            "objective_s": chosen["total"], "memory_gb": chosen["memory"] / GB,
+            "alternatives": [{"placement": describe(strat(r["candidate"])),
+                              "delta_s": r["delta"],
+                              "memory_delta_gb": (r["memory"] - chosen["memory"]) / GB,
+                              "fits": r["fits"]} for r in alts],
+        })
+    return rows
+
