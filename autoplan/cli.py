@@ -2,6 +2,7 @@
 
     autoplan demo                                    # plan + run a tiny GPT on this machine
     autoplan plan gpt-7.5b --cluster dgx-a100 --nodes 16 --global-batch 512 -o plan.json
+    autoplan plan gpt-7.5b --cluster dgx-a100 --nodes 16 --global-batch 512 --planner uniform
     autoplan plan gpt --layers 24 --hidden 2048 --heads 16 --vocab 51200 --seq-len 2048 \\
         --cluster dgx-h100 --nodes 4 --global-batch 256
     autoplan show plan.json
@@ -122,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="search the best plan and write it")
     _model_args(p)
     _cluster_args(p)
+    p.add_argument("--planner", choices=("auto", "uniform"), default="auto",
+                   help="auto: the Alpa-style search (intra-op ILP + inter-op stage DP; the "
+                   "uniform grid's best is kept as a comparison); uniform: the grid alone")
     p.add_argument("-o", "--output", default="plan.json", help="plan file (default plan.json)")
     p.add_argument("--top-k", type=int, default=5, help="alternatives to keep and show")
     p.add_argument("--json", action="store_true")
@@ -267,18 +271,35 @@ def cmd_plan(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     problem = _prepare(args)
     t_trace = time.perf_counter() - t0
-    plan, result = _progress_search(problem, top_k=args.top_k, quiet=args.json)
+    if args.planner == "uniform":
+        plan, result = _progress_search(problem, top_k=args.top_k, quiet=args.json)
+        search_s = result.seconds
+        how = (f"searched {result.evaluated} configurations ({result.feasible} fit) in "
+               f"{result.seconds:.1f} s")
+    else:
+        from rich.console import Console
+
+        from autoplan.api import plan_problem
+
+        with Console(stderr=True).status("searching: intra-op ILP and inter-op stage DP ...",
+                                         spinner="dots"):
+            t1 = time.perf_counter()
+            plan, result = plan_problem(problem, top_k=args.top_k, planner="auto")
+            search_s = time.perf_counter() - t1
+        st = result.stats
+        how = (f"searched in {search_s:.1f} s ({st['ilp_solves']} intra-op ILPs, the stage DP "
+               f"over {len(st['micro_batch_counts'])} micro-batch counts; "
+               f"{st['candidates']} pipelines, {len(result.ranked)} priced exactly)")
     path = plan.save(args.output)
     seconds = time.perf_counter() - t0
     if args.json:
         _emit_json({**plan_dict(plan), "plan_file": str(path), "seconds": {
-            "trace": t_trace, "search": result.seconds, "total": seconds}})
+            "trace": t_trace, "search": search_s, "total": seconds}})
         return 0
     console = _console()
     print_plan(plan, console, title="best plan", top_k=args.top_k)
-    console.print(f"traced {len(problem.graph)} ops in {t_trace:.1f} s, searched "
-                  f"{result.evaluated} configurations ({result.feasible} fit) in "
-                  f"{result.seconds:.1f} s; plan written to [bold]{path}[/bold]")
+    console.print(f"traced {len(problem.graph)} ops in {t_trace:.1f} s, {how}; plan written to "
+                  f"[bold]{path}[/bold]")
     return 0
 
 

@@ -48,11 +48,17 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
             "dp", "tp", "pp", "zero", "sequence_parallel", "micro_batch", "num_micro_batches",
             "schedule", "virtual_stages", "checkpoint")},
         "stages": [{"index": s.index, "layers": [s.layer_names[0], s.layer_names[-1]],
-                    "num_layers": len(s.layer_names), "ranks": [s.ranks[0], s.ranks[-1]]}
+                    "num_layers": len(s.layer_names), "ranks": [s.ranks[0], s.ranks[-1]],
+                    "mesh_shape": list(s.mesh_shape), "axis_names": list(s.axis_names),
+                    "zero": plan.parallel.zero if s.zero is None else s.zero,
+                    "data_axes": list(s.data_axes), "micro_batch": s.micro_batch,
+                    "recomputed_layers": len(s.checkpoint_layers), "predicted": s.predicted}
                    for s in plan.stages],
         "prediction": prediction_dict(plan.prediction) if plan.prediction else None,
         "alternatives": plan.alternatives,
         "planner": plan.planner,
+        "layout": plan.layout,
+        "comparison": plan.comparison,
     }
 
 
@@ -67,21 +73,116 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
                   f"({plan.num_params / 1e9:.2f}B params) on {cl.get('nodes')} x "
                   f"{cl.get('devices_per_node')} {device}, global batch {plan.global_batch}, "
                   f"seq {plan.seq_len}")
-    console.print(f"  [bold cyan]{plan.parallel.label()}[/bold cyan]")
+    console.print(f"  [bold cyan]{plan.parallel.label()}[/bold cyan]"
+                  + (f"  ({plan.planner['label']})" if plan.planner.get("label") else "")
+                  + ("" if plan.layout == "uniform" else
+                     "  [yellow]stages on submeshes of their own shapes[/yellow]"))
     if plan.prediction:
         print_prediction(plan.prediction, console)
+    searched = plan.planner.get("name") == "auto"
     stages = Table(title="pipeline stages", title_justify="left")
-    for col in ("stage", "layers", "ranks", "mesh (dp, tp)", "recomputed"):
+    cols = ["stage", "layers", "ranks", "mesh", "recomputed"]
+    if searched:
+        cols += ["ZeRO", "data axes", "compute / layer comm per micro-batch"]
+    for col in cols:
         stages.add_column(col)
     for s in plan.stages[:16]:
-        stages.add_row(str(s.index), f"{s.layer_names[0]} .. {s.layer_names[-1]} "
-                       f"({len(s.layer_names)})", f"{s.ranks[0]}-{s.ranks[-1]}",
-                       str(tuple(s.mesh_shape)), str(len(s.checkpoint_layers)))
+        mesh = " x ".join(f"{a}={n}" for a, n in zip(s.axis_names, s.mesh_shape))
+        row = [str(s.index), f"{s.layer_names[0]} .. {s.layer_names[-1]} "
+               f"({len(s.layer_names)})", f"{s.ranks[0]}-{s.ranks[-1]}", mesh,
+               str(len(s.checkpoint_layers))]
+        if searched:
+            pr = s.predicted
+            row += [str(plan.parallel.zero if s.zero is None else s.zero),
+                    ",".join(s.data_axes) or "-",
+                    f"{1e3 * pr.get('compute_s', 0):.2f} / "
+                    f"{1e3 * pr.get('layer_comm_s', 0):.2f} ms"]
+        stages.add_row(*row)
     if len(plan.stages) > 16:
-        stages.add_row("...", f"{len(plan.stages) - 16} more", "", "", "")
+        stages.add_row("...", f"{len(plan.stages) - 16} more", *[""] * (len(cols) - 2))
     console.print(stages)
+    if searched:
+        print_weights(plan, console)
+        print_comparison(plan, console)
+        print_explanation(plan, console)
     if plan.alternatives and top_k:
         print_alternatives(plan, console, top_k=top_k, why=why)
+
+
+def _short(placements: dict[str, str]) -> str:
+    """{'dp': 'Replicate()', 'tp': 'Shard(0)'} -> 'dp:R tp:S(0)'."""
+    def one(p: str) -> str:
+        return {"Replicate()": "R", "Partial()": "P"}.get(
+            p, p.replace("Shard(", "S(").replace("_StridedShard(", "S~("))
+    return " ".join(f"{a}:{one(p)}" for a, p in placements.items())
+
+
+def print_weights(plan: Plan, console: Console, *, stages: int = 4, rows: int = 12) -> None:
+    """Per stage, the placement of each weight of the first layer of each kind."""
+    names = list(plan.param_placements)
+    for s in plan.stages[:stages]:
+        t = Table(title=f"stage {s.index}: weights (first layer of each kind)",
+                  title_justify="left")
+        t.add_column("parameter")
+        t.add_column("placement per mesh axis")
+        seen_kinds: set[str] = set()
+        shown = 0
+        for layer in s.layer_names:
+            prefix = "" if layer.startswith("<") else layer + "."
+            kind = "pre/post" if layer.startswith("<") else layer.split(".")[0]
+            if kind in seen_kinds and not layer.startswith("<"):
+                continue
+            seen_kinds.add(kind)
+            for name in names:
+                if shown >= rows:
+                    break
+                if (prefix and name.startswith(prefix)) or (
+                        not prefix and name in _layer_params(plan, layer)):
+                    t.add_row(name, _short(plan.param_placements[name]))
+                    shown += 1
+        if shown:
+            console.print(t)
+
+
+def _layer_params(plan: Plan, layer: str) -> set[str]:
+    """Parameters of a non-block layer ('<pre>', '<post>'): those no block owns."""
+    blocks = {n for s in plan.stages for n in s.layer_names if not n.startswith("<")}
+    return {p for p in plan.param_placements
+            if not any(p.startswith(b + ".") for b in blocks)}
+
+
+def print_comparison(plan: Plan, console: Console) -> None:
+    cmp = plan.comparison
+    if not cmp:
+        return
+    if not cmp.get("feasible", True):
+        console.print(f"best uniform plan: none fits ({cmp.get('message', '')})")
+        return
+    line = (f"best uniform plan: [bold]{cmp['parallel']}[/bold] {cmp['step_time_s']:.4g} s "
+            f"per step; this plan: {plan.prediction.step_time_s:.4g} s — "
+            f"[bold green]{cmp['speedup']:.3f}x[/bold green]")
+    if cmp.get("repriced_step_time_s"):
+        line += (f" (the uniform plan priced by the search's cost model: "
+                 f"{cmp['repriced_step_time_s']:.4g} s)")
+    console.print(line)
+
+
+def print_explanation(plan: Plan, console: Console, *, rows: int = 12) -> None:
+    """Why each weight's op got its placement: the chosen one against the next best."""
+    items = plan.planner.get("explain") or []
+    if not items:
+        return
+    t = Table(title="why these placements (objective: seconds per step; alternatives priced "
+                    "with everything else fixed)", title_justify="left")
+    for col in ("layer", "op (module)", "chosen: out <- inputs", "next best", "its cost"):
+        t.add_column(col)
+    for r in items[:rows]:
+        alt = r["alternatives"][0] if r["alternatives"] else None
+        t.add_row(r["layer"], f"{r['op']} ({r['module']})", r["chosen"],
+                  alt["placement"] if alt else "-",
+                  (f"+{1e3 * alt['delta_s']:.3g} ms, {alt['memory_delta_gb']:+.2f} GB"
+                   + ("" if alt["fits"] else ", does not fit")) if alt else "-")
+    console.print(t)
 
 
 def print_prediction(pred: Prediction, console: Console) -> None:

@@ -169,8 +169,21 @@ class CostModel:
         self.cluster = cluster
         self.precision = precision
         compute_dtype = "bfloat16" if precision == "mixed" else "float32"
+        # the Estimator's models: measured op and link profiles and calibration where the
+        # cluster has them (autoplan.cost.profiled), the roofline and alpha-beta otherwise
+        self.provenance = None
+        if compute is None and comm is None:
+            from autoplan.cost.profiled import cost_models_for
+
+            compute, comm, self.provenance = cost_models_for(cluster, precision)
         self.compute = compute or ComputeModel(cluster.device, dtype=compute_dtype)
         self.comm = comm or CommModel(cluster)
+        calibration = getattr(self.provenance, "calibration", None)
+        self.calibration = calibration if calibration is not None and \
+            not calibration.is_identity else None
+        #: memory of a prediction is multiplied by this after calibration
+        self.memory_factor = float(self.calibration.factors.get("memory", 1.0)) \
+            if self.calibration else 1.0
         self.b0 = graph.batch.batch_size
         self.param_bytes = PRECISION_BYTES[precision][0]
         self.state_bytes = PRECISION_BYTES[precision]
@@ -180,11 +193,19 @@ class CostModel:
         self._names = list(graph.nodes)
 
     # ---- primitives ----------------------------------------------------------------------
-    def op_time(self, name: str, shard: float) -> tuple[float, float]:
-        key = (name, shard)
+    def op_time(self, name: str, tp: int, batch_scale: float) -> tuple[float, float]:
+        """(forward, backward) seconds of op ``name`` split ``tp`` ways beyond the batch, on
+        ``batch_scale`` x the traced micro-batch per device: ``ComputeModel.op_time_at``,
+        which the Estimator's layer times use (a measured profile if there is one, else the
+        roofline at ``shard = tp / batch_scale``)."""
+        key = (name, tp, batch_scale)
         hit = self._op_cache.get(key)
         if hit is None:
-            hit = self.compute.op_time(self.graph.nodes[name], shard=shard)
+            node = self.graph.nodes[name]
+            if hasattr(self.compute, "op_time_at"):
+                hit = self.compute.op_time_at(node, self.graph, tp, batch_scale)
+            else:
+                hit = self.compute.op_time(node, shard=tp / batch_scale)
             self._op_cache[key] = hit
         return hit
 
@@ -256,8 +277,8 @@ class CostModel:
                 if not all(_int_divides(dim * scale_b, n) for dim, _, n in rec.checks):
                     continue
                 f = b = 0.0
-                for name, n_split, batchy in rec.ops:
-                    tf, tb = self.op_time(name, n_split / (scale_b if batchy else 1.0))
+                for name, tp, batch_split, batchy in rec.ops:
+                    tf, tb = self.op_time(name, tp, scale_b / batch_split if batchy else 1.0)
                     f += tf
                     b += tb
                 moves = [(d, c, ax, nb * (scale_b if sc else 1.0) / div)
@@ -374,7 +395,13 @@ class CostModel:
             n_split = math.prod(sizes[x] for x in range(AXES) if split[x])
             batchy = any(_scaled(p, m) for p, m in zip(info.output_shapes, node.output_meta)) \
                 or any(_scaled(p, m) for p, m in zip(info.input_shapes, node.input_meta))
-            rec.ops.append((node.name, n_split, batchy))
+            # the axes along which it shards the batch (dim 0 of its batch-sized output)
+            out0 = next((o for o, pshape, m in zip(s.outputs, info.output_shapes,
+                                                   node.output_meta)
+                         if o is not None and _scaled(pshape, m)), None)
+            batch_split = math.prod(sizes[x] for x in range(AXES) if split[x] and out0
+                                    is not None and shard_dim(out0[x]) == 0)
+            rec.ops.append((node.name, n_split // batch_split, batch_split, batchy))
             move = kg.reshard.get(pos, {}).get(k)
             q = next((j for j, act in enumerate(acts) if act), None)
             if move is not None and (info.inputs[q].ref, info.inputs[q].output, move) \
@@ -426,7 +453,8 @@ class _Candidate:
     say which figures grow with it)."""
 
     checks: list[tuple[int, bool, int]] = field(default_factory=list)  # (dim, scaled, divisor)
-    ops: list[tuple[str, int, bool]] = field(default_factory=list)      # (node, split, batchy)
+    ops: list[tuple[str, int, int, bool]] = field(default_factory=list)
+    # (node, split beyond the batch, batch split, batchy)
     moves: list[tuple] = field(default_factory=list)    # (dir, coll, axis, bytes, scaled, div)
     saved: list[tuple[int, bool, int]] = field(default_factory=list)   # (bytes, batchy, shard)
     pvec: list[float] = field(default_factory=lambda: [0.0] * len(BUCKETS))

@@ -401,7 +401,7 @@ class Evaluator:
             * gb / self.b0
         world = self.devices(p)
         peak = cm.compute.peak
-        return Prediction(
+        return self._calibrated(Prediction(
             step_time_s=step, tokens_per_s=tokens / step, samples_per_s=gb / step,
             model_tflops_per_device=model_flops / step / world / 1e12,
             hardware_tflops_per_device=(model_flops + recompute_flops) / step / world / 1e12,
@@ -410,7 +410,12 @@ class Evaluator:
             time=TimeBreakdown(compute=compute, recompute=recompute, tp_comm=tp_comm,
                                dp_comm=dp_comm, pp_comm=pp_comm, bubble=bubble,
                                optimizer=optimizer),
-            memory_per_stage=tuple(per_stage))
+            memory_per_stage=tuple(per_stage)))
+
+    def _calibrated(self, pred: Prediction) -> Prediction:
+        """The cluster's calibration factors per term, as the Estimator applies them (the
+        Estimator's composition for ranks sharing CPU cores is uniform-only: not here)."""
+        return self.cm.calibration.apply(pred) if self.cm.calibration else pred
 
     # ---- placement of stages on the cluster ----------------------------------------------
     @staticmethod

@@ -193,7 +193,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     units = layer_units(ms, opts.max_units)
     per_unit, v_units, sizes = device_units(cluster, opts.max_device_units)
     dpn = cluster.devices_per_node
-    memory = cluster.device.memory_bytes
+    memory = cluster.device.memory_bytes / cm.memory_factor     # (calibrated memory fits)
     combos = [(lam, z, ck) for lam in opts.lambdas for z in opts.zero for ck in opts.checkpoint]
     kinds = list(dict.fromkeys(ms.layer_kind))
     n_blocks = sum(ms.is_block)
@@ -271,7 +271,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
              "device_units": v_units, "devices_per_unit": per_unit, "submesh_sizes": sizes,
              "micro_batch_counts": micro_batch_counts(global_batch, opts),
              "dp_runs": dp_runs, "candidates": len(candidates),
-             "ilp_solves": len(lib.solves), "ilp_seconds": lib.seconds,
+             "ilp_solves": len(lib.solves),
              "layouts": {k: len(v) for k, v in lib.layouts.items()},
              "uncovered_ops": [f"{k}:{n} ({op})" for k, n, op, _ in ms.uncovered()]}
     log.info("search: %s in %.2f s (%s)", best.choice, seconds["total"], seconds)

@@ -188,10 +188,12 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
                      "memory_gb": c.prediction.memory.total / GB, "fits": True,
                      "time": c.prediction.time.to_dict()}
                     for c in result.ranked[1:top_k + 1]]
-    planner = {"name": "auto", "label": choice_label(p), "seconds": result.seconds,
-               "stats": result.stats, "evaluated": len(result.ranked),
-               "feasible": len(result.ranked),
-               "ilp": result.library.solves,
+    # no timings here: the same inputs must give a byte-identical plan (they are in the
+    # SearchResult, and the CLI prints them)
+    planner = {"name": "auto", "label": choice_label(p), "stats": result.stats,
+               "evaluated": len(result.ranked), "feasible": len(result.ranked),
+               "ilp": [{k: v for k, v in s.items() if k != "seconds"}
+                       for s in result.library.solves],
                "explain": explain_placements(result)}
     plan = Plan(model=spec.to_dict(), model_fingerprint=spec.fingerprint(),
                 num_params=graph.num_params, cluster=cluster_dict, global_batch=global_batch,
