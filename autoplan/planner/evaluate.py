@@ -414,8 +414,24 @@ class Evaluator:
 
     def _calibrated(self, pred: Prediction) -> Prediction:
         """The cluster's calibration factors per term, as the Estimator applies them (the
-        Estimator's composition for ranks sharing CPU cores is uniform-only: not here)."""
-        return self.cm.calibration.apply(pred) if self.cm.calibration else pred
+        Estimator's composition for ranks sharing CPU cores is uniform-only: not here);
+        plain Python floats throughout (the plan's JSON)."""
+        pred = self.cm.calibration.apply(pred) if self.cm.calibration else pred
+        mem = lambda m: MemoryBreakdown(**{f: float(getattr(m, f)) for f in   # noqa: E731
+                                           ("params", "grads", "optimizer", "activations",
+                                            "other")})
+        t = pred.time
+        return Prediction(
+            step_time_s=float(pred.step_time_s), tokens_per_s=float(pred.tokens_per_s),
+            samples_per_s=float(pred.samples_per_s),
+            model_tflops_per_device=float(pred.model_tflops_per_device),
+            hardware_tflops_per_device=float(pred.hardware_tflops_per_device),
+            mfu=float(pred.mfu), memory=mem(pred.memory),
+            memory_limit_bytes=float(pred.memory_limit_bytes),
+            time=TimeBreakdown(**{f: float(getattr(t, f)) for f in (
+                "compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble",
+                "optimizer")}),
+            memory_per_stage=tuple(mem(m) for m in pred.memory_per_stage))
 
     # ---- placement of stages on the cluster ----------------------------------------------
     @staticmethod

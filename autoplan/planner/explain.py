@@ -18,13 +18,17 @@ from autoplan.planner.strategies import Strategy, dtensor_placement
 GB = 1e9
 
 
-def describe(strategy: Strategy, axis_names: tuple[str, ...] = ("a0", "a1")) -> str:
-    """'out (Shard(0), Shard(1)) <- (Shard(0), Replicate()), (Replicate(), Shard(1))'."""
+def describe(strategy: Strategy) -> str:
+    """Output <- inputs, one placement per mesh axis: '[S(0) S(1)] <- [S(0) R] [R S(1)]'
+    (R Replicate, S(d) Shard(d), S~(d) a strided shard, P Partial)."""
+    def one(p: str) -> str:
+        full = dtensor_placement(p)
+        return {"Replicate()": "R", "Partial()": "P"}.get(
+            full, full.replace("_StridedShard(", "S~(").replace("Shard(", "S("))
+
     def spec(s) -> str:
-        if s is None:
-            return "-"
-        return "(" + ", ".join(dtensor_placement(p) for p in s) + ")"
-    ins = ", ".join(spec(s) for s in strategy.inputs)
+        return "-" if s is None else "[" + " ".join(one(p) for p in s) + "]"
+    ins = " ".join(spec(s) for s in strategy.inputs)
     return f"{spec(strategy.outputs[0] if strategy.outputs else None)} <- {ins}"
 
 
@@ -69,11 +73,11 @@ def explain_stage(result, stage: int, *, kinds: list[str] | None = None, per_op:
             "op": info.name, "aten": info.op, "module": graph.nodes[
                 graph.layers[kc.kg.layer].nodes[a]].module_path,
             "chosen": describe(strat(chosen["candidate"])),
-            "objective_s": chosen["total"], "memory_gb": chosen["memory"] / GB,
+            "objective_s": float(chosen["total"]), "memory_gb": float(chosen["memory"] / GB),
             "alternatives": [{"placement": describe(strat(r["candidate"])),
-                              "delta_s": r["delta"],
-                              "memory_delta_gb": (r["memory"] - chosen["memory"]) / GB,
-                              "fits": r["fits"]} for r in alts],
+                              "delta_s": float(r["delta"]),
+                              "memory_delta_gb": float((r["memory"] - chosen["memory"]) / GB),
+                              "fits": bool(r["fits"])} for r in alts],
         })
     return rows
 

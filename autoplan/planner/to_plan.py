@@ -173,9 +173,10 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
         cross = c == n - 1 or ev._cross(offsets[d], st.mesh.size, offsets[nxt],
                                         p.stages[c + 1].mesh.size)
         sc = ev.stage_cost(st, p.micro_batch, last=c == n - 1, cross_node=cross)
-        predicted = {"compute_s": sc.fwd + sc.bwd, "layer_comm_s": sc.tp_fwd + sc.tp_bwd,
-                     "recompute_s": (sc.fwd + sc.tp_fwd) if st.checkpoint else 0.0,
-                     "send_s": 2 * sc.send, "activation_bytes": sc.act,
+        predicted = {"compute_s": float(sc.fwd + sc.bwd),
+                     "layer_comm_s": float(sc.tp_fwd + sc.tp_bwd),
+                     "recompute_s": float(sc.fwd + sc.tp_fwd) if st.checkpoint else 0.0,
+                     "send_s": float(2 * sc.send), "activation_bytes": float(sc.act),
                      "parameters_local": float(sc.psi.sum()), "mesh": st.mesh.label()}
         stages.append(Stage(index=c, layers=(st.start, st.end), layer_names=names,
                             ranks=ranks, mesh_shape=tuple(st.mesh.shape),
@@ -184,8 +185,9 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
                             if p.micro_batch % split == 0 else None,
                             data_axes=data, activation_placements=acts, predicted=predicted))
     alternatives = [{"parallel": choice_label(c.choice), "origin": c.origin,
-                     "step_time_s": c.prediction.step_time_s, "mfu": c.prediction.mfu,
-                     "memory_gb": c.prediction.memory.total / GB, "fits": True,
+                     "step_time_s": float(c.prediction.step_time_s),
+                     "mfu": float(c.prediction.mfu),
+                     "memory_gb": float(c.prediction.memory.total / GB), "fits": True,
                      "time": c.prediction.time.to_dict()}
                     for c in result.ranked[1:top_k + 1]]
     # no timings here: the same inputs must give a byte-identical plan (they are in the
