@@ -11,6 +11,7 @@
     autoplan trace llama3-8b --seq-len 8192
     autoplan run plan.json --steps 20
     autoplan profile ops gpt-small --tp 1,2 | autoplan profile links --nproc 4
+    autoplan calibrate runs/x [runs/y ...]          # measured vs predicted -> profiles/calibration/
     autoplan report plan.json -o report.html
     autoplan export plan.json --to torchtitan|megatron|deepspeed
     autoplan launch plan.json --master-addr HOST [--slurm -o job.sbatch]
@@ -170,9 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     from autoplan.profile.cli import add_profile_commands
+    from autoplan.calibrate import add_calibrate_command
     from autoplan.workflow_cli import add_workflow_commands
 
     add_profile_commands(sub)
+    add_calibrate_command(sub)
     add_workflow_commands(sub)
 
     p = sub.add_parser("models", help="list built-in models and presets")
