@@ -1,6 +1,6 @@
 """``autoplan demo``: the whole flow on this machine, in about a minute.
 
-1. trace the built-in ``gpt-tiny`` on the meta device;
+1. trace the built-in ``gpt-small`` (8 layers, hidden 256) on the meta device;
 2. plan it for ``nproc`` CPU ranks of this machine (cluster preset ``local-cpu``, gloo);
 3. write and print the plan;
 4. run it for ``steps`` steps under torchrun through the engine;
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from autoplan.errors import AutoplanError
 
-DEMO_MODEL = "gpt-tiny"
+DEMO_MODEL = "gpt-small"
 DEMO_CLUSTER = "local-cpu"
-DEMO_GLOBAL_BATCH = 16
+DEMO_GLOBAL_BATCH = 8
 
 
 def demo_cluster(nproc: int):
