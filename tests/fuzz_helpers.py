@@ -21,7 +21,8 @@ Each ``check_*`` function loads one input and returns its outcome, ``"accepted"`
 ``run_*`` functions drive one surface with hypothesis, counting outcomes in a :class:`Tally`
 the caller owns (no module-level state). With ``strict=True`` (the tests) the first
 unexpected exception propagates, so hypothesis shrinks and reports it; with ``strict=False``
-(the counts script) it is counted and the run goes on.
+(the counts script) it is counted and the run goes on. ``seed`` fixes hypothesis's random
+seed (reproducible counts).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable, Iterator
 
 import yaml
 from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from autoplan.errors import AutoplanError, ConfigError, PlanError
@@ -52,13 +55,14 @@ REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
 TIME_LIMIT_S = 20.0          # one input taking longer than this counts as a hang
 
-#: hypothesis settings of every fuzz test: >= 1,000 inputs per surface, no per-example
-#: deadline (a shared 2-core machine), no example database (no .hypothesis/ folder).
-FUZZ_SETTINGS = dict(deadline=None, database=None,
-                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                            HealthCheck.filter_too_much])
+#: hypothesis settings of every fuzz run (besides max_examples): no per-example deadline (a
+#: shared 2-core machine), no example database (no .hypothesis/ folder to clean up).
+FUZZ_SETTINGS = MappingProxyType(dict(
+    deadline=None, database=None,
+    suppress_health_check=(HealthCheck.too_slow, HealthCheck.data_too_large,
+                           HealthCheck.filter_too_much)))
 
-_FIELD = re.compile(r"field '(.*?)': ")
+_FIELD = re.compile(r"field '(.*?)': ", re.DOTALL)
 
 
 @contextlib.contextmanager
@@ -134,6 +138,11 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _seeded(test: Callable, seed: int | None) -> Callable:
+    """``test`` with hypothesis's random seed fixed (reproducible counts), or as it is."""
+    return test if seed is None else hypothesis_seed(seed)(test)
+
+
 def _run_one(tally: Tally, strict: bool, note: str, check: Callable[[], str]) -> None:
     try:
         with time_limit(TIME_LIMIT_S):
@@ -148,9 +157,9 @@ def _run_one(tally: Tally, strict: bool, note: str, check: Callable[[], str]) ->
 
 # ---- values and structural mutations -------------------------------------------------------
 
-_ODD_TEXT = ["", " ", "null", "NaN", "1e400", "-0", "0x10", "nvswitch", "h100-sxm", "cpu",
+_ODD_TEXT = ("", " ", "null", "NaN", "1e400", "-0", "0x10", "nvswitch", "h100-sxm", "cpu",
              "Shard(0)", "Replicate()", "bfloat16", "\u202egnp", "\u00e9t\u00e9", "\U0001F680",
-             "\u0663", "line\nbreak", "tab\there", "a" * 300, "../../etc/passwd", "~", "*", "&"]
+             "\u0663", "line\nbreak", "tab\there", "a" * 300, "../../etc/passwd", "~", "*", "&")
 _SCALARS = st.one_of(
     st.none(), st.booleans(),
     st.integers(min_value=-2 ** 64, max_value=2 ** 64),
@@ -259,11 +268,11 @@ def mutate(draw, doc: Any) -> tuple[Any, str]:
 
 # ---- serialisation and text damage ---------------------------------------------------------
 
+_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)   # libyaml when present: faster
+
+
 def dump_yaml(doc: Any) -> str:
     return yaml.dump(doc, Dumper=_YAML_DUMPER, allow_unicode=True, sort_keys=False, width=100)
-
-
-_YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)   # libyaml when present: faster
 
 
 def dump_json(doc: Any) -> str:
@@ -276,8 +285,8 @@ def dump_json(doc: Any) -> str:
     return json.dumps(doc, ensure_ascii=False)
 
 
-_INSERTS = ["{", "}", "[", "]", ":", ",", '"', "'", "\t", "- ", "&a ", "*a", "? ", "!!binary ",
-            "!!python/object:os.system ", "\x00", "\ufeff", "\\u0000", "#", "%YAML 1.1\n", "---\n"]
+_INSERTS = ("{", "}", "[", "]", ":", ",", '"', "'", "\t", "- ", "&a ", "*a", "? ", "!!binary ",
+            "!!python/object:os.system ", "\x00", "\ufeff", "\\u0000", "#", "%YAML 1.1\n", "---\n")
 
 
 @dataclass(frozen=True)
@@ -509,7 +518,7 @@ def check_cluster_input(inp: FuzzInput, device_file: bool, work: Path,
 
 
 def run_cluster_fuzz(tally: Tally, work: Path, *, max_examples: int = 1000,
-                     strict: bool = True) -> Tally:
+                     strict: bool = True, seed: int | None = None) -> Tally:
     """Fuzz cluster YAML files and device files through :func:`autoplan.cluster.load_cluster`."""
     seeds = cluster_seeds()
     profiles_dir = make_profiles_dir(work / "profiles")
@@ -524,7 +533,7 @@ def run_cluster_fuzz(tally: Tally, work: Path, *, max_examples: int = 1000,
         _run_one(tally, strict, inp.note,
                  lambda: check_cluster_input(inp, device_file, work, profiles_dir))
 
-    fuzz()
+    _seeded(fuzz, seed)()
     return tally
 
 
@@ -584,8 +593,12 @@ def check_plan_input(inp: FuzzInput, work: Path) -> str:
     # accepted: it validates, its embedded sections are valid, its figures are finite
     # numbers, and it survives save -> load byte for byte
     plan.validate()
-    Cluster.from_dict(plan.cluster, source=str(path))
-    ModelSpec.from_dict(plan.model, source_file=str(path))
+    try:
+        Cluster.from_dict(plan.cluster, source=str(path))
+        ModelSpec.from_dict(plan.model, source_file=str(path))
+    except ConfigError as exc:
+        raise AssertionError(f"accepted a plan whose embedded cluster or model is invalid: "
+                             f"{exc}") from None
     if plan.prediction is not None:
         _finite_numbers(plan.prediction.to_dict())
     text = plan.to_json()
@@ -596,9 +609,11 @@ def check_plan_input(inp: FuzzInput, work: Path) -> str:
 
 def run_plan_fuzz(tally: Tally, work: Path, *, max_examples: int = 1000,
                   strict: bool = True, shrink: bool = True,
-                  seeds: list[tuple[str, Any]] | None = None) -> Tally:
+                  seeds: list[tuple[str, Any]] | None = None,
+                  seed: int | None = None) -> Tally:
     """Fuzz plan files through :meth:`autoplan.plan.Plan.load` (``shrink=False``: report the
     first failing input as found, without minimising it; ``seeds``: :func:`plan_seeds`)."""
+    work.mkdir(parents=True, exist_ok=True)
     seeds = seeds or plan_seeds(work / "seeds")
     def deep(n: int, form: int) -> str:
         inner = "[" * n + "]" * n if form == 0 else '{"a": ' * n + "1" + "}" * n
@@ -612,7 +627,7 @@ def run_plan_fuzz(tally: Tally, work: Path, *, max_examples: int = 1000,
         inp = data.draw(documents(seeds, dump_json, deep=deep))
         _run_one(tally, strict, inp.note, lambda: check_plan_input(inp, work))
 
-    fuzz()
+    _seeded(fuzz, seed)()
     return tally
 
 
@@ -674,8 +689,9 @@ def check_profile_input(inp: FuzzInput, work: Path) -> str:
 
 
 def run_profile_fuzz(tally: Tally, work: Path, *, max_examples: int = 1000,
-                     strict: bool = True) -> Tally:
+                     strict: bool = True, seed: int | None = None) -> Tally:
     """Fuzz op and link profile files through ``OpProfile.load`` / ``LinkProfile.load``."""
+    work.mkdir(parents=True, exist_ok=True)
     seeds = profile_seeds()
     def deep(n: int, form: int) -> str:
         inner = "[" * n + "]" * n if form == 0 else '{"a": ' * n + "1" + "}" * n
@@ -689,7 +705,7 @@ def run_profile_fuzz(tally: Tally, work: Path, *, max_examples: int = 1000,
             inp = FuzzInput(inp.data, data.draw(st.sampled_from(["ops:", "links:"])) + inp.note)
         _run_one(tally, strict, inp.note, lambda: check_profile_input(inp, work))
 
-    fuzz()
+    _seeded(fuzz, seed)()
     return tally
 
 
@@ -935,7 +951,8 @@ def check_cli_argv(argv: list[str], work: Path) -> str:
 
 
 def run_cli_fuzz(tally: Tally, work: Path, env: CliEnv, *, max_examples: int = 1000,
-                 expensive: bool = False, strict: bool = True) -> Tally:
+                 expensive: bool = False, strict: bool = True,
+                 seed: int | None = None) -> Tally:
     """Fuzz ``autoplan.cli.main(argv)`` (see :func:`cli_argvs` for the two modes)."""
     work.mkdir(parents=True, exist_ok=True)
 
@@ -946,7 +963,7 @@ def run_cli_fuzz(tally: Tally, work: Path, env: CliEnv, *, max_examples: int = 1
         _run_one(tally, strict, repr(argv), lambda: check_cli_argv(argv, ws))
 
     with untranslated():
-        fuzz()
+        _seeded(fuzz, seed)()
     return tally
 
 

@@ -3,9 +3,9 @@ byte-identical plan file in every run -- across separate Python processes with d
 hash seeds (set and str-keyed dict iteration order), wherever the profiles folder lives --
 and a plan records the autoplan and torch versions that made it.
 
-Two problems, planned by ``autoplan plan`` in each process: a GPT on the local-cpu preset
-(measured op and link profiles and calibration in the cost model) and GPT-1.7B on two DGX
-A100 nodes (the roofline and alpha-beta models, ~1,600 candidates, many near-ties).
+The problem, planned by ``autoplan plan`` (whichever planner is its default) in each process:
+a GPT on the local-cpu preset, whose cost model reads measured op and link profiles and a
+calibration (in-process determinism of the search itself: tests/test_planner.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from fuzz_helpers import PROFILES, REPO
 
 PROBLEMS = {
     "gpt-tiny-local-cpu.json": ["gpt-tiny", "--cluster", "local-cpu", "--global-batch", "8"],
-    "gpt-1.7b-dgx-a100.json": ["gpt-1.7b", "--cluster", "dgx-a100", "--nodes", "2",
-                               "--global-batch", "64"],
 }
 
 SCRIPT = """
@@ -70,14 +68,3 @@ def test_same_inputs_give_byte_identical_plans_across_processes(tmp_path):
         assert Plan.load(tmp_path / "a" / name).to_json().encode() == a
         text = a.decode()
         assert str(tmp_path) not in text and str(REPO) not in text
-
-
-def test_the_api_in_this_process_writes_the_same_bytes_as_the_cli(tmp_path):
-    from autoplan.cli import main
-
-    cli, api = tmp_path / "cli.json", tmp_path / "api.json"
-    argv = PROBLEMS["gpt-tiny-local-cpu.json"]
-    assert main(["plan", *argv, "-o", str(cli), "--json"]) == 0
-    # the CLI keeps 5 alternatives by default
-    autoplan.optimize("gpt-tiny", "local-cpu", global_batch=8, top_k=5).save(api)
-    assert api.read_bytes() == cli.read_bytes()

@@ -104,9 +104,9 @@ def test_no_valid_configuration_says_why(problem):
 
 
 def test_cli_prints_the_explanation_on_one_line(tmp_path, capsys):
-    path = _cluster_file(tmp_path, MEMORY_GB)
+    path = _cluster_file(tmp_path, 0.0005)      # a GPT-tiny's states alone need ~4 MB
     out = tmp_path / "plan.json"
-    assert main(["plan", "gpt-small", "--cluster", path, "--global-batch", "8",
+    assert main(["plan", "gpt-tiny", "--cluster", path, "--global-batch", "8",
                  "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: model does not fit: memory per device") and \
