@@ -185,6 +185,8 @@ def brute_force(problem: IntraOpProblem) -> Solution:
             if not feasible(problem, choice, z):
                 continue
             val = objective(problem, choice, z)["total"]
+            if not math.isfinite(val):           # a pair of placements that cannot meet
+                continue
             if best is None or val < best.objective - 1e-12:
                 best = Solution(choice, z, val, memory(problem, choice, z))
     if best is None:
