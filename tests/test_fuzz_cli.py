@@ -100,7 +100,7 @@ def test_unwritable_plan_output_is_one_error_line(tmp_path, target):
     """Was: IsADirectoryError / NotADirectoryError tracebacks from the atomic write."""
     (tmp_path / "a-dir").mkdir()
     (tmp_path / "a-file").write_text("keep\n")
-    rc, _, err = _run(["plan", *TINY, "-o", str(tmp_path / target)])
+    rc, _, err = _run(["estimate", *TINY, "--no-compare", "-o", str(tmp_path / target)])
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: ")
     assert str(tmp_path / target.split("/")[0]) in err
     assert (tmp_path / "a-file").read_text() == "keep\n"
