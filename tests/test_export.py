@@ -172,11 +172,11 @@ def test_heterogeneous_stages_and_unknown_fields_are_refused(problem):
 
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class NewStage(Stage):                 # a plan format with a field this exporter lacks
-        zero: int | None = None
+        future_knob: int | None = None
 
     newer = Plan.from_dict(plan.to_dict())
-    newer.stages[0] = NewStage(**dataclasses.asdict(newer.stages[0]), zero=3)
-    with pytest.raises(NotExpressibleError, match=r"stages\[0\]\.zero"):
+    newer.stages[0] = NewStage(**dataclasses.asdict(newer.stages[0]), future_knob=3)
+    with pytest.raises(NotExpressibleError, match=r"stages\[0\]\.future_knob"):
         export_plan(newer, "megatron")
     newer.stages[0] = NewStage(**dataclasses.asdict(plan.stages[0]))     # default: fine
     assert "--tensor-model-parallel-size" in export_plan(newer, "megatron").text
