@@ -28,7 +28,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -78,7 +78,10 @@ class Checkpointer:
         return found[-1] if found else None
 
     def save(self, step: int, chunks: list[nn.Module],
-             optimizers: list[torch.optim.Optimizer], train_state: dict[str, Any]) -> Path:
+             optimizers: list[torch.optim.Optimizer], train_state: dict[str, Any], *,
+             after_shards: Callable[[], None] | None = None) -> Path:
+        """Write step ``step``'s checkpoint atomically. ``after_shards`` (testing: fault
+        injection) runs on this rank between the DCP write and the train state/rename."""
         final = self.root / f"step_{step:08d}"
         tmp = self.root / f".step_{step:08d}.tmp"
         if self.rank == 0:
@@ -87,6 +90,8 @@ class Checkpointer:
         dist.barrier()
         state, _ = _state(chunks, optimizers)
         dcp.save(state, checkpoint_id=str(tmp))
+        if after_shards is not None:
+            after_shards()
         torch.save(train_state, tmp / "train_state" / f"rank{self.rank:05d}.pt")
         dist.barrier()
         if self.rank == 0:

@@ -12,6 +12,9 @@ from typing import Any
 
 from autoplan.errors import ConfigError
 
+#: Test-only fault kinds of ``RunConfig.fault`` ("" is none).
+FAULTS = ("", "kill", "hang", "save_crash")
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
@@ -38,6 +41,16 @@ class RunConfig:
     # robustness
     timeout_s: float = 300.0           # every collective fails after this long (a dead rank)
     kill_after_step: int = 0           # testing: SIGKILL every rank after this step (0: never)
+    # fault injection -- TEST-ONLY (tests/test_engine_faults.py); never set in a real run.
+    # Fires only on torchrun's first attempt (TORCHELASTIC_RESTART_COUNT unset or 0), so a
+    # run relaunched by ``torchrun --max-restarts`` goes on cleanly.
+    fault: str = ""                    # "": none; "kill": SIGKILL after step fault_step;
+    #                                    "hang": sleep (no collectives) before step fault_step;
+    #                                    "save_crash": SIGKILL inside step fault_step's
+    #                                    checkpoint save (DCP shards written, train state and
+    #                                    rename not yet)
+    fault_step: int = 0                # the step the fault is tied to (>= 1 when fault is set)
+    fault_rank: int = -1               # the global rank that faults (-1: every rank)
 
     def __post_init__(self) -> None:
         for name in ("steps", "log_every"):
@@ -49,6 +62,14 @@ class RunConfig:
                 raise ConfigError(f"must be >= 0, got {getattr(self, name)}", field=name)
         if self.lr <= 0 or self.timeout_s <= 0:
             raise ConfigError("lr and timeout_s must be positive", field="lr")
+        if self.fault not in FAULTS:
+            raise ConfigError(f"must be one of {sorted(FAULTS)}, got {self.fault!r}",
+                              field="fault")
+        if self.fault and self.fault_step < 1:
+            raise ConfigError(f"must be >= 1 with fault={self.fault!r}, got "
+                              f"{self.fault_step}", field="fault_step")
+        if self.fault_rank < -1:
+            raise ConfigError(f"must be >= -1, got {self.fault_rank}", field="fault_rank")
         if self.memory not in ("auto", "off"):
             raise ConfigError(f"must be 'auto' or 'off', got {self.memory!r}", field="memory")
 

@@ -20,6 +20,9 @@ Launch commands::
 
 Options are the fields of :class:`engine.config.RunConfig` (``--steps``, ``--lr``,
 ``--data PATH``, ``--checkpoint-every K``, ``--timeout-s``, ...; ``--help`` lists them).
+``--fault``/``--fault-step``/``--fault-rank`` and ``--kill-after-step`` inject faults for the
+tests only. With ``torchrun --max-restarts=R ... --resume`` a run whose rank dies is relaunched
+and goes on from the newest complete checkpoint (a fresh start when there is none).
 
 Before any collective every rank checks the plan against the launch — world size, device
 type, model fingerprint, what the engine supports (:mod:`engine.validate`) — and exits with

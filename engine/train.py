@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,15 @@ class Trainer:
         dist.all_reduce(pair)
         return (pair[0] / pair[1]).item()
 
+    # ---- fault injection (testing only) ----------------------------------------------------
+    def _fault(self, kind: str, step: int) -> bool:
+        """Whether the test-only fault ``kind`` fires on this rank at ``step`` (first torchrun
+        attempt only: a relaunch after ``--max-restarts`` runs clean)."""
+        cfg = self.cfg
+        return (cfg.fault == kind and step == cfg.fault_step
+                and cfg.fault_rank in (-1, self.pm.rank)
+                and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) == 0)
+
     # ---- the run ---------------------------------------------------------------------------
     def resume(self) -> int:
         """Load the newest checkpoint if ``--resume``; returns the step it ended (0: fresh)."""
@@ -167,6 +177,10 @@ class Trainer:
         self.log(f"{self.source}: {self.plan.parallel.label()} | {pm.describe()} | "
                  f"steps {start + 1}..{cfg.steps}")
         for step in range(start + 1, cfg.steps + 1):
+            if self._fault("hang", step):
+                print(f"fault injection: rank {pm.rank} hangs before step {step}",
+                      file=sys.stderr, flush=True)
+                time.sleep(max(600.0, 10 * cfg.timeout_s))
             track = step == tracked_step and not probe.tracks_every_step
             t0 = time.perf_counter()
             if track:
@@ -189,10 +203,14 @@ class Trainer:
                 self.log(f"step {step:5d} | loss {loss:.5f} | {dt * 1e3:8.1f} ms | "
                          f"{rec.tokens_per_s:10.0f} tok/s")
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                crash = self._fault("save_crash", step)
                 self.checkpointer.save(step, self.chunks, self.optimizers,
-                                       self._train_state(step))
+                                       self._train_state(step),
+                                       after_shards=_sigkill if crash else None)
             if cfg.kill_after_step and step == cfg.kill_after_step:
-                os.kill(os.getpid(), signal.SIGKILL)
+                _sigkill()
+            if self._fault("kill", step):
+                _sigkill()
         probe.finish()
         memory = [None] * pm.mesh.size()
         dist.all_gather_object(memory, {"rank": pm.rank, **probe.to_dict()})
@@ -209,6 +227,11 @@ class Trainer:
                           json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(format_table(summary), flush=True)
         return summary
+
+
+def _sigkill() -> None:
+    """Die at once, as a crashed or OOM-killed process would (no cleanup, no exit code)."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _truncate_metrics(path: Path, *, keep_until: int) -> None:
