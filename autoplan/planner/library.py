@@ -44,11 +44,20 @@ class Library:
     origin: dict[tuple[str, tuple[int, ...]], str] = field(default_factory=dict)
     solves: list[dict] = field(default_factory=list)
 
+    solutions: list[tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=list)
+    unweighted: list[bool] = field(default_factory=list)     # solved at memory weight 0
+
     def add(self, kind: str, layout: tuple[int, ...], origin: str) -> None:
         bucket = self.layouts.setdefault(kind, [])
         if layout not in bucket:
             bucket.append(layout)
             self.origin[(kind, layout)] = origin
+
+    def coherent(self) -> list[tuple[tuple[str, tuple[int, ...]], ...]]:
+        """The distinct whole-model solutions at memory weight 0 and Megatron's (one layout
+        per kind, as one solve chose them together)."""
+        return list(dict.fromkeys(sol for sol, keep in zip(self.solutions, self.unweighted)
+                                  if keep))
 
     @property
     def seconds(self) -> float:
@@ -109,6 +118,7 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
                                "origin": origin, "problem": problem.describe(),
                                "seconds": seconds, "status": sol.status})
             log.info("library: %s: %s in %.2f s", origin, problem.describe(), seconds)
+            whole = []
             for kind, _ in comp.counts:
                 kc = costs[kind]
                 sel = (restrict or {}).get(kind)
@@ -118,6 +128,9 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
                     j = int(sel[ai][j]) if sel is not None else j
                     layout.append(int(kc.cand[ai][j]))
                 lib.add(kind, tuple(layout), origin)
+                whole.append((kind, tuple(layout)))
+            lib.solutions.append(tuple(whole))
+            lib.unweighted.append(lam == 0.0)
     if not lib.layouts:
         raise InfeasibleError("no layout of the model's ops is valid on any mesh of this "
                               "cluster (the batch or the tensor dims do not divide)")

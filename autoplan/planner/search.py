@@ -74,7 +74,7 @@ class SearchOptions:
     virtual_stages: tuple[int, ...] = (2, 4)
     zero: tuple[int, ...] = (0, 1, 2, 3)
     checkpoint: tuple[bool, ...] = (False, True)
-    lambdas: tuple[float, ...] = (0.0, 1e-12, 1e-11, 1e-10, 1e-9, math.inf)
+    lambdas: tuple[float, ...] = (0.0, 1e-11, 1e-10, math.inf)
     library_lambdas: tuple[float, ...] = LAMBDAS
     megatron_seeds: bool = True
     backend: str = "CBC"
@@ -195,6 +195,8 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     dpn = cluster.devices_per_node
     memory = cluster.device.memory_bytes / cm.memory_factor     # (calibrated memory fits)
     combos = [(lam, z, ck) for lam in opts.lambdas for z in opts.zero for ck in opts.checkpoint]
+    combos += [(coherent, z, ck) for coherent in lib.coherent() for z in opts.zero
+               for ck in opts.checkpoint]
     kinds = list(dict.fromkeys(ms.layer_kind))
     n_blocks = sum(ms.is_block)
     max_stages = max(1, min(opts.max_stages, len(units) - 1, v_units))
@@ -296,42 +298,47 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int
     if pp > 1 and m % pp == 0:
         plans += [("interleaved_1f1b", v) for v in opts.virtual_stages
                   if pp * v <= n_blocks]
-    out = []
-    for sched, v in plans:
-        chunks = split_layers(graph, pp * v)
-        best: tuple[float, LogicalMesh, tuple, dict] | None = None
-        for mesh in meshes:
-            kt = {k: tables.get((k, mesh)) for k in kinds}
-            if any(t is None for t in kt.values()):
-                continue
-            done = set()
-            picks = pick_layouts(ev, kt, mesh, m, combos)
-            for combo, pick in zip(combos, picks):
-                lam, z, ck = combo
-                key = (tuple(sorted(pick.items())), z, ck)
-                if key in done:
-                    continue
-                done.add(key)
-                la = arrays(mesh, kt, pick, ck)
-                lat = _balanced_latency(ev, la, mesh, mb, m, z, chunks, pp, v, sched, memory)
-                if lat is not None and (best is None or lat < best[0]):
-                    best = (lat, mesh, combo, pick)
-        if best is None:
+    chunks_of = {v: split_layers(graph, pp * v) for _, v in plans}
+    # every chunk range of every v, priced at once per (mesh, layouts, z, recomputation)
+    spans = sorted({c for chunks in chunks_of.values() for c in chunks})
+    where = {c: i for i, c in enumerate(spans)}
+    a = np.array([c[0] for c in spans])
+    b = np.array([c[1] for c in spans])
+    best: dict[tuple[str, int], tuple[float, LogicalMesh, tuple, dict]] = {}
+    for mesh in meshes:
+        kt = {k: tables.get((k, mesh)) for k in kinds}
+        if any(t is None for t in kt.values()):
             continue
-        lat, mesh, combo, pick = best
-        stages = tuple(_stage(ms, mesh, combo, pick, tables, a, b) for a, b in chunks)
+        done = set()
+        picks = pick_layouts(ev, kt, mesh, m, combos)
+        for combo, pick in zip(combos, picks):
+            if pick is None:
+                continue
+            lam, z, ck = combo
+            key = (tuple(sorted(pick.items())), z, ck)
+            if key in done:
+                continue
+            done.add(key)
+            rc = range_costs(ev, arrays(mesh, kt, pick, ck), mesh, mb, m, z, a, b)
+            for sched, v in plans:
+                idx = np.array([where[c] for c in chunks_of[v]])
+                lat = _balanced_latency(rc, idx, pp, v, m, sched, memory)
+                if lat is not None and ((sched, v) not in best or lat < best[(sched, v)][0]):
+                    best[(sched, v)] = (lat, mesh, combo, pick)
+    out = []
+    for (sched, v), (lat, mesh, combo, pick) in best.items():
+        stages = tuple(_stage(ms, mesh, combo, pick, tables, ca, cb)
+                       for ca, cb in chunks_of[v])
         out.append(Candidate(PipelineChoice(stages, mb, m, sched, v), lat, "balanced"))
     return out
 
 
-def _balanced_latency(ev: Evaluator, la: LayerArrays, mesh: LogicalMesh, mb: int, m: int,
-                      zero: int, chunks, pp: int, v: int, sched: str,
+def _balanced_latency(rc, idx: np.ndarray, pp: int, v: int, m: int, sched: str,
                       memory: float) -> float | None:
-    rc = range_costs(ev, la, mesh, mb, m, zero, np.array([a for a, _ in chunks]),
-                     np.array([b for _, b in chunks]))
+    """Pipeline latency of chunks ``idx`` (rows of ``rc``), chunk c on rank c % pp."""
     dev_t, dev_u = [], []
     for d in range(pp):
-        cs = list(range(d, len(chunks), pp))
+        cs = idx[d::pp]
         t = float((rc.t[cs] + rc.send[cs]).sum())
         states, act, fixed = float(rc.states[cs].sum()), float(rc.act[cs].sum()), \
             float(rc.fixed[cs].max())

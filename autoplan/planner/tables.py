@@ -25,7 +25,7 @@ Everything here is arrays; the exact price of what the DP picks comes from the e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,7 @@ class KindTable:
     kept: np.ndarray                   # kept when recomputed (the input only)
     psi: np.ndarray                    # (L, 4) local parameters per sync bucket
     gathered: np.ndarray               # parameter bytes, gathered (ZeRO-3)
+    row_of: dict[tuple[int, ...], int] = None     # library layout -> row
 
 
 def _line(ev: Evaluator, collective: str, group) -> tuple[float, float]:
@@ -68,10 +69,14 @@ def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
     kc = ev.kind_costs(kind, mesh, micro_batch)
     pos = [{int(k): i for i, k in enumerate(c)} for c in kc.cand]
     valid = []
+    row_of: dict[tuple[int, ...], int] = {}
     for lay in layouts:
         idx = tuple(pos[ai].get(k) for ai, k in enumerate(lay))
-        if None not in idx and idx not in valid:
+        if None in idx:
+            continue
+        if idx not in valid:
             valid.append(idx)
+        row_of[tuple(lay)] = valid.index(idx)
     if not valid:
         return None
     rows = []
@@ -92,7 +97,7 @@ def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
                      sum(kc.gathered[ai][j] for ai, j in enumerate(ch))))
     arr = list(zip(*rows))
     return KindTable(valid, *(np.array(a, dtype=float) for a in arr[:6]),
-                     np.array(arr[6]), np.array(arr[7], dtype=float))
+                     np.array(arr[6]), np.array(arr[7], dtype=float), row_of)
 
 
 def _imported(ev: Evaluator, kind: str, mesh, micro_batch: int, ch) -> float:
@@ -140,7 +145,8 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
     div = np.where(dsize > 1, dsize, 1.0)
     p_b, g_b, o_b = ev.cm.state_bytes
     opt_rate = ev.cm.compute.optimizer_time(1.0)
-    lam = np.array([c[0] for c in combos])[:, None]
+    fixed = {c: i for i, c in enumerate(combos) if isinstance(c[0], tuple)}
+    lam = np.array([0.0 if isinstance(c[0], tuple) else c[0] for c in combos])[:, None]
     zs = np.array([c[1] for c in combos])
     cks = np.array([c[2] for c in combos])[:, None]
     finite = np.isfinite(lam)
@@ -162,6 +168,12 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
         best = np.argmin(score, axis=1)
         for c, row in enumerate(best):
             picks[c][k] = int(row)
+    # "coherent" combos: every kind takes the layout one whole-model ILP solve gave it (the
+    # solve priced the transitions between kinds, which per-kind scores leave out)
+    for combo, c in fixed.items():
+        layouts = dict(combo[0])
+        rows = {k: kt[k].row_of.get(layouts.get(k)) for k in kt}
+        picks[c] = rows if None not in rows.values() else None
     return picks
 
 
@@ -191,6 +203,8 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
         picks = pick_layouts(ev, kt, mesh, m, combos)
         for ci, (lam, z, ck) in enumerate(combos):
             pick = picks[ci]
+            if pick is None:                # a coherent layout not valid on this mesh
+                continue
             choice[(mi, ci)] = pick
             key = (tuple(sorted(pick.items())), z, ck)
             if key in done:                 # another lambda picked the same layouts
@@ -226,20 +240,18 @@ class LayerArrays:
     peak: np.ndarray         # per layer: a recomputed layer's full activations
     gathered: np.ndarray     # per layer: parameter bytes when gathered
     checkpoint: bool
-    max_peak: np.ndarray = None       # (L + 1, L + 1): max of ``peak`` over [a, b)
-    max_gathered: np.ndarray = None
+    _running: dict = field(default_factory=dict)     # start -> running maxima from there
 
-    def __post_init__(self) -> None:
-        self.max_peak = _range_max(self.peak)
-        self.max_gathered = _range_max(self.gathered)
-
-
-def _range_max(x: np.ndarray) -> np.ndarray:
-    n = len(x)
-    out = np.zeros((n + 1, n + 1))
-    for a in range(n):
-        out[a, a + 1:] = np.maximum.accumulate(x[a:])
-    return out
+    def range_max(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(max peak, max gathered) over layers [a_k, b_k)."""
+        peak, gath = np.empty(len(a)), np.empty(len(a))
+        for k, (i, j) in enumerate(zip(a.tolist(), b.tolist())):
+            run = self._running.get(i)
+            if run is None:
+                run = self._running[i] = (np.maximum.accumulate(self.peak[i:]),
+                                          np.maximum.accumulate(self.gathered[i:]))
+            peak[k], gath[k] = run[0][j - i - 1], run[1][j - i - 1]
+        return peak, gath
 
 
 def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
@@ -260,10 +272,14 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
     gath = np.array([r.gathered[s] for r, s in zip(rows, sel)])
     trans = np.zeros(n_layers)
     trans_f = np.zeros(n_layers)
+    pairs: dict[tuple[str, str], tuple[float, float]] = {}
     for l in range(1, n_layers):
         ka, kb = kinds[l - 1], kinds[l]
-        tf, tb = ev.transition_time(ka, kb, mesh, micro_batch, kt[ka].layouts[pick[ka]],
-                                    kt[kb].layouts[pick[kb]])
+        if (ka, kb) not in pairs:
+            pairs[(ka, kb)] = ev.transition_time(ka, kb, mesh, micro_batch,
+                                                 kt[ka].layouts[pick[ka]],
+                                                 kt[kb].layouts[pick[kb]])
+        tf, tb = pairs[(ka, kb)]
         trans[l] = tf + tb
         trans_f[l] = tf
     z1 = lambda x: np.concatenate([[0.0], np.cumsum(x)])          # noqa: E731
@@ -318,9 +334,9 @@ def range_costs(ev: Evaluator, la: LayerArrays, mesh: LogicalMesh, micro_batch: 
     states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / (div if zero >= 2 else 1)
                     + o_b / (div if zero >= 1 else 1))).sum(axis=1)
     act = la.c_act[b] - la.c_act[a]
-    fixed = la.max_peak[a, b]
+    fixed, gathered = la.range_max(a, b)
     if zero == 3 and synced:
-        fixed = fixed + 2 * la.max_gathered[a, b] * (ps[:, synced].sum(axis=1) > 0)
+        fixed = fixed + 2 * gathered * (ps[:, synced].sum(axis=1) > 0)
     out_bytes = ev.output_bytes[np.maximum(b - 1, 0)]
     cross = ev.cm.cluster.nodes > 1 and 2 * mesh.size > ev.cm.cluster.devices_per_node
     line = _line(ev, "send_recv", Group(size=2, ranks_per_node=1 if cross else 2))
