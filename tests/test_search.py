@@ -27,7 +27,7 @@ from autoplan.planner.explain import explain_stage
 from autoplan.planner.inter_op import brute_force as dp_brute_force
 from autoplan.planner.inter_op import pipeline_dp
 from autoplan.planner.intra_op import (Hinge, IntraOpProblem, Linear, PartialGroup,
-                                       brute_force, explain, objective, solve)
+                                       brute_force, explain, solve)
 from autoplan.planner.megatron import uniform_choice
 from autoplan.planner.mesh import LogicalMesh
 from autoplan.planner.search import SearchOptions, search

@@ -33,13 +33,13 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from autoplan.graph import OpGraph
 from autoplan.planner.costs import (BUCKETS, REDUCE_BYTES, CostModel, KindCosts, TensorEdge,
-                                    conversions, edge_matrices, grad_spec, required_grad)
+                                    edge_matrices, grad_spec, required_grad)
 from autoplan.planner.estimate import OVERLAP_COST
 from autoplan.planner.intra_op import (ZERO_STAGES, Hinge, IntraOpProblem, Linear,
                                        PartialGroup)
@@ -251,7 +251,7 @@ def build_problem(cm: CostModel, ms: ModelStructure, comp: Composition, mesh: Lo
         multi = {u for u, c in readers.items() if c > 1}
         add_edges(kc, kc, kind, kind, kc.edges, n, multi)
         _add_partial_groups(problem, cm, kc, keep[kind], multi, m * n, edge_index,
-                            lambda ai, kind=kind: gid(kind, ai), checkpoint and False)
+                            lambda ai, kind=kind: gid(kind, ai))
     # edges between consecutive layers inside the stage
     for (ka, kb), count in comp.pairs:
         kc_a, kc_b = costs[ka], costs[kb]
@@ -296,7 +296,7 @@ def _shard(spec: Spec, mesh: LogicalMesh) -> int:
 
 
 def _add_partial_groups(problem: IntraOpProblem, cm: CostModel, kc: KindCosts, keep,
-                        multi: set, weight: float, edge_index, gid, _unused) -> None:
+                        multi: set, weight: float, edge_index, gid) -> None:
     mesh = kc.mesh
     for u in sorted(multi):
         readers = [e for e in kc.edges if e.u == u]

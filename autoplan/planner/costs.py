@@ -53,8 +53,7 @@ from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import PRECISION_BYTES
 from autoplan.graph import OpGraph
 from autoplan.planner.mesh import LogicalMesh
-from autoplan.planner.strategies import (AXES, KindGraph, Spec, Strategy, members,
-                                         output_spec, shard_dim)
+from autoplan.planner.strategies import AXES, KindGraph, Spec, Strategy, members, shard_dim
 
 REDUCE_BYTES = 4                         # gradients are reduced in fp32 (as the Estimator)
 #: sync-axes buckets of parameters: index -> the axes

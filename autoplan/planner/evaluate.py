@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,8 +137,8 @@ class Evaluator:
                       cu: tuple[int, ...], cv: tuple[int, ...], fwd: Buckets, bwd: Buckets,
                       moved: dict[int, tuple[int, ...]]) -> None:
         """Add the collectives of ``edges`` under choices ``cu``/``cv``; Partial gradients
-        into one producer group (a tensor and its views) summed once; Partial gradients into a sink deferred (``moved``: anchor
-        of the sink -> extra sync axes)."""
+        into one producer group (a tensor and its views) summed once; Partial gradients into
+        a sink deferred (``moved``: anchor of the sink -> extra sync axes)."""
         shape = kc_v.mesh.shape
         done: set[tuple[int, int]] = set()
         for e in edges:

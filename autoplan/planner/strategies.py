@@ -25,8 +25,8 @@ strategy is determined by that input's placement (views, element-wise ops, dropo
 joins its producer's group; where it admits no strategy for a sharded placement its producer
 can give, it takes the nearest one with those axes replicated and the group pays the
 all-gather (``KindGraph.reshard``); a Partial input it cannot take keeps it an anchor (an
-all-reduce or a reduce-scatter is then the ILP's choice). A view of a parameter (``t(weight)``) joins the
-parameter. Only group anchors become ILP variables.
+all-reduce or a reduce-scatter is then the ILP's choice). A view of a parameter
+(``t(weight)``) joins the parameter. Only group anchors become ILP variables.
 """
 
 from __future__ import annotations
