@@ -62,13 +62,17 @@ def reference(tmp_path_factory):
 def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(reference, tmp_path):
     plan, want = reference
     out = tmp_path / "run"
+    # Spare restarts: on a loaded 2-core machine the relaunched ranks' gloo rendezvous can
+    # itself time out (connection refused while the peer restarts); a real job absorbs that
+    # with another elastic restart, and so does this test. Every restart resumes step 3.
     proc = _run(plan, out, "--resume", "--fault", "kill", "--fault-step", "5",
-                "--fault-rank", "1", restarts=1)
+                "--fault-rank", "1", restarts=3)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    # attempt 1 found no checkpoint and started fresh; attempt 2 resumed step 3's
+    # attempt 1 found no checkpoint and started fresh; the next attempt resumed step 3's
     assert "no checkpoint" in proc.stdout
-    assert proc.stdout.count("resumed from") == 1, proc.stdout[-3000:]
-    assert "step_00000003 (step 3)" in proc.stdout
+    resumes = proc.stdout.count("resumed from")
+    assert resumes >= 1, proc.stdout[-3000:]
+    assert proc.stdout.count("step_00000003 (step 3)") == resumes
     # the steps after the restart are those of the uninterrupted run
     got = losses(out)
     assert sorted(got) == list(range(1, STEPS + 1))
