@@ -189,6 +189,7 @@ class CostModel:
         self._op_cache: dict[tuple[str, float], tuple[float, float]] = {}
         self._coll_cache: dict[tuple[str, Group], tuple] = {}
         self._struct_cache: dict[tuple, list] = {}
+        self._edge_cache: dict[tuple, tuple] = {}
         self._names = list(graph.nodes)
 
     # ---- primitives ----------------------------------------------------------------------
@@ -521,6 +522,17 @@ def edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[T
     anchors) are left out: the ILP charges them once per producer group
     (:mod:`autoplan.planner.intra_op`)."""
     multi = multi or set()      # producer anchors whose Partial gradients are summed once
+    key = (id(kc_u), id(kc_v), tuple(edges), frozenset(multi))
+    hit = cm._edge_cache.get(key)
+    if hit is not None and hit[0] is kc_u and hit[1] is kc_v:
+        return hit[2]
+    out = _edge_matrices(cm, kc_u, kc_v, edges, multi)
+    cm._edge_cache[key] = (kc_u, kc_v, out)
+    return out
+
+
+def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[TensorEdge],
+                   multi: set) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
     mesh = kc_v.mesh
     out: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for e in edges:
@@ -532,19 +544,25 @@ def edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[T
             out[key] = (np.zeros(shape), np.zeros(shape))
         fm, bm = out[key]
         drop_partial = e.u in multi
+        memo: dict[tuple, tuple[float, float]] = {}      # the same placements, the same cost
         for i, s_spec in enumerate(src):
+            k_i = kc_u.cand[e.u][i]
+            passing = tuple(a for a in range(AXES) if passes_partial(kc_u.kg, e.p, k_i, a))
             for j, d_spec in enumerate(dst):
                 if s_spec is None or d_spec is None:
                     fm[i, j] = bm[i, j] = math.inf
                     continue
-                fm[i, j] += cm.conversion_time(conversions(s_spec, d_spec, mesh.shape),
-                                               e.nbytes, mesh)
-                g = grad_spec(d_spec, spl[j])
-                r = required_grad(s_spec)
-                convs = conversions(g, r, mesh.shape)
-                k_i = kc_u.cand[e.u][i]
-                convs = tuple(c for c in convs if not (g[c.axis] == "P" and (
-                    drop_partial or e.p in kc_u.sinks or
-                    passes_partial(kc_u.kg, e.p, k_i, c.axis))))
-                bm[i, j] += cm.conversion_time(convs, e.nbytes, mesh)
+                key = (s_spec, d_spec, spl[j], passing)
+                hit = memo.get(key)
+                if hit is None:
+                    tf = cm.conversion_time(conversions(s_spec, d_spec, mesh.shape), e.nbytes,
+                                            mesh)
+                    g = grad_spec(d_spec, spl[j])
+                    convs = tuple(c for c in conversions(g, required_grad(s_spec), mesh.shape)
+                                  if not (g[c.axis] == "P" and (
+                                      drop_partial or e.p in kc_u.sinks or
+                                      c.axis in passing)))
+                    hit = memo[key] = (tf, cm.conversion_time(convs, e.nbytes, mesh))
+                fm[i, j] += hit[0]
+                bm[i, j] += hit[1]
     return out

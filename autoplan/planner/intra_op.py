@@ -198,7 +198,8 @@ def brute_force(problem: IntraOpProblem) -> Solution:
 
 class IlpBuilder:
     """Builds the mixed-integer program of an :class:`IntraOpProblem` (module docstring)
-    with OR-Tools' linear-solver wrapper; times in seconds, memory in GB."""
+    through OR-Tools' linear-solver wrapper, coefficient by coefficient; times in seconds,
+    memory in GB."""
 
     def __init__(self, problem: IntraOpProblem, backend: str = "CBC"):
         from ortools.linear_solver import pywraplp
@@ -208,12 +209,24 @@ class IlpBuilder:
         if self.s is None:
             raise RuntimeError(f"OR-Tools has no {backend} backend here")
         self.inf = self.s.infinity()
-        self.obj: list = []
-        self.mem: list = []
+        self.obj: dict = {}                   # var -> objective coefficient
+        self.mem: dict = {}                   # var -> GB per unit
         self.x: list[list] = []
         self.zeta: list = []
         self.e: list[dict[tuple[int, int], object]] = []
         self.w: dict[int, dict[tuple[int, int], object]] = {}
+
+    # ---- helpers -------------------------------------------------------------------------
+    @staticmethod
+    def _add(d: dict, var, coef: float) -> None:
+        if coef:
+            d[var] = d.get(var, 0.0) + float(coef)
+
+    def _row(self, lb: float, ub: float, terms) -> None:
+        """lb <= sum(coef * var) <= ub."""
+        ct = self.s.Constraint(lb, ub)
+        for var, coef in terms:
+            ct.SetCoefficient(var, ct.GetCoefficient(var) + float(coef))
 
     def build(self):
         self._add_choices()
@@ -222,45 +235,47 @@ class IlpBuilder:
         self._add_partials()
         self._add_hinges()
         self._add_memory()
-        self.s.Minimize(self.s.Sum(self.obj))
+        objective = self.s.Objective()
+        for var, coef in self.obj.items():
+            objective.SetCoefficient(var, coef)
+        objective.SetMinimization()
         return self.s
 
+    # ---- constraint families (module docstring) ------------------------------------------
     def _add_choices(self) -> None:
         p, s = self.p, self.s
         lam = p.mem_weight
         for v, cost in enumerate(p.node_cost):
             xs = [s.BoolVar(f"x[{v},{j}]") for j in range(len(cost))]
-            s.Add(s.Sum(xs) == 1)
+            self._row(1, 1, [(x, 1) for x in xs])
             self.x.append(xs)
             for j, xv in enumerate(xs):
-                c = float(cost[j] + lam * p.node_mem[v][j])
-                if c:
-                    self.obj.append(c * xv)
-                if p.node_mem[v][j]:
-                    self.mem.append(float(p.node_mem[v][j]) / 1e9 * xv)
+                self._add(self.obj, xv, cost[j] + lam * p.node_mem[v][j])
+                self._add(self.mem, xv, p.node_mem[v][j] / 1e9)
         self.zeta = [s.BoolVar(f"zero{z}") for z in range(ZERO_STAGES)]
-        s.Add(s.Sum(self.zeta) == 1)
+        self._row(1, 1, [(z, 1) for z in self.zeta])
         for z in range(ZERO_STAGES):
             if z not in p.zero_allowed:
-                s.Add(self.zeta[z] == 0)
+                self._row(0, 0, [(self.zeta[z], 1)])
 
     def _add_edges(self) -> None:
         p, s = self.p, self.s
         for k, (u, v, cost) in enumerate(p.edges):
             pairs: dict[tuple[int, int], object] = {}
             ku, kv = cost.shape
+            rows = [[(self.x[u][i], -1)] for i in range(ku)]
+            cols = [[(self.x[v][j], -1)] for j in range(kv)]
             for i in range(ku):
                 for j in range(kv):
                     if not math.isfinite(cost[i, j]):
                         continue
                     var = s.NumVar(0.0, 1.0, f"e{k}[{i},{j}]")
                     pairs[(i, j)] = var
-                    if cost[i, j]:
-                        self.obj.append(float(cost[i, j]) * var)
-            for i in range(ku):
-                s.Add(s.Sum([var for (a, _), var in pairs.items() if a == i]) == self.x[u][i])
-            for j in range(kv):
-                s.Add(s.Sum([var for (_, b), var in pairs.items() if b == j]) == self.x[v][j])
+                    self._add(self.obj, var, cost[i, j])
+                    rows[i].append((var, 1))
+                    cols[j].append((var, 1))
+            for terms in rows + cols:
+                self._row(0, 0, terms)
             self.e.append(pairs)
 
     def _add_zero(self) -> None:
@@ -275,15 +290,13 @@ class IlpBuilder:
                 for z in range(ZERO_STAGES):
                     var = s.NumVar(0.0, 1.0, f"w[{v},{j},{z}]")
                     pairs[(j, z)] = var
-                    c = float(cost[j, z] + lam * mem[j, z])
-                    if c:
-                        self.obj.append(c * var)
-                    if mem[j, z]:
-                        self.mem.append(float(mem[j, z]) / 1e9 * var)
+                    self._add(self.obj, var, cost[j, z] + lam * mem[j, z])
+                    self._add(self.mem, var, mem[j, z] / 1e9)
             for j in range(k):
-                s.Add(s.Sum([pairs[(j, z)] for z in range(ZERO_STAGES)]) == self.x[v][j])
+                self._row(0, 0, [(pairs[(j, z)], 1) for z in range(ZERO_STAGES)]
+                          + [(self.x[v][j], -1)])
             for z in range(ZERO_STAGES):
-                s.Add(s.Sum([pairs[(j, z)] for j in range(k)]) == self.zeta[z])
+                self._row(0, 0, [(pairs[(j, z)], 1) for j in range(k)] + [(self.zeta[z], -1)])
             self.w[v] = pairs
 
     def _add_partials(self) -> None:
@@ -293,35 +306,35 @@ class IlpBuilder:
                 if not g.cost[i]:
                     continue
                 y = s.NumVar(0.0, 1.0, f"y{g_i}[{i}]")
-                self.obj.append(float(g.cost[i]) * y)
+                self._add(self.obj, y, g.cost[i])
                 for k, mask in g.pairs:
                     for (a, b), var in self.e[k].items():
                         if a == i and mask[a, b]:
-                            s.Add(y >= var)
+                            self._row(0, self.inf, [(y, 1), (var, -1)])      # y >= e
 
-    def _linear(self, lin: Linear, scale: float = 1.0):
+    def _terms(self, lin: Linear, scale: float = 1.0) -> list:
         terms = []
         for v, coef in lin.node.items():
-            terms += [float(coef[j]) * scale * self.x[v][j] for j in range(len(coef))
+            terms += [(self.x[v][j], float(coef[j]) * scale) for j in range(len(coef))
                       if coef[j]]
         for v, coef in lin.zpair.items():
-            if v not in self.w:
-                continue
-            terms += [float(coef[j, z]) * scale * var for (j, z), var in self.w[v].items()
-                      if coef[j, z]]
-        return self.s.Sum(terms) if terms else None
+            if v in self.w:
+                terms += [(var, float(coef[j, z]) * scale) for (j, z), var in self.w[v].items()
+                          if coef[j, z]]
+        return terms
 
     def _add_hinges(self) -> None:
-        s = self.s
         for k, h in enumerate(self.p.hinges):
-            a = self._linear(h.a)
-            if a is None:
+            a = self._terms(h.a)
+            if not a:
                 continue
-            b = self._linear(h.b)
-            var = s.NumVar(0.0, self.inf, f"h{k}")
-            s.Add(var >= a - (1.0 - h.c) * b if b is not None else var >= a)
-            s.Add(var >= h.c * a)
-            self.obj.append(h.weight * var)
+            b = self._terms(h.b)
+            var = self.s.NumVar(0.0, self.inf, f"h{k}")
+            # h >= A - (1 - c) B   and   h >= c A
+            self._row(0, self.inf, [(var, 1)] + [(x, -c) for x, c in a]
+                      + [(x, (1.0 - h.c) * c) for x, c in b])
+            self._row(0, self.inf, [(var, 1)] + [(x, -h.c * c) for x, c in a])
+            self._add(self.obj, var, h.weight)
 
     def _add_memory(self) -> None:
         p, s = self.p, self.s
@@ -329,14 +342,13 @@ class IlpBuilder:
         for k, fam in enumerate(p.mem_max):
             var = s.NumVar(0.0, self.inf, f"peak{k}")
             for lin in fam:
-                expr = self._linear(lin, 1e-9)
-                if expr is not None:
-                    s.Add(var >= expr)
-            self.mem.append(var)
-            if lam:
-                self.obj.append(lam * 1e9 * var)
+                terms = self._terms(lin, 1e-9)
+                if terms:
+                    self._row(0, self.inf, [(var, 1)] + [(x, -c) for x, c in terms])
+            self._add(self.mem, var, 1.0)
+            self._add(self.obj, var, lam * 1e9)
         if math.isfinite(p.budget) and self.mem:
-            s.Add(s.Sum(self.mem) <= p.budget / 1e9)
+            self._row(-self.inf, p.budget / 1e9, list(self.mem.items()))
 
 
 def solve(problem: IntraOpProblem, *, time_limit_s: float = 60.0,

@@ -8,7 +8,8 @@ for the whole model on representative logical meshes:
 * every ``(W / b, b)`` mesh over the whole cluster (W devices, b dividing the node size)
   and every ``(M / b, b)`` mesh of one node, at the micro-batch that gives each device
   about one sample;
-* at memory weights lambda in ``LAMBDAS`` (seconds per byte: 0 is the fastest layout,
+* at memory weights lambda in ``LAMBDAS`` on the whole cluster, 0 on one node (seconds per
+  byte: 0 is the fastest layout,
   larger ones trade time for memory — ZeRO-style sharding, tensor parallelism,
   sequence sharding; inf stands for 1 s per GB, which in practice minimises memory);
 * plus the uniform planner's layouts (:mod:`autoplan.planner.megatron`: the ILP restricted
@@ -88,13 +89,16 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
     comp = Composition.of(ms, 0, len(graph.layers))
     dpn = ev.cm.cluster.devices_per_node
     for mesh in library_meshes(world, dpn):
+        # one node of a larger cluster (a pipeline stage's submesh): the fastest layouts
+        whole = mesh.size == world
         micro_batch = closest_divisor(global_batch, mesh.size)
         try:
             costs = {k: ev.kind_costs(k, mesh, micro_batch) for k, _ in comp.counts}
         except ValueError:            # an op with no placement valid on this mesh
             continue
         m = max(1, global_batch // micro_batch)
-        runs = [(lam, None, f"ILP lambda={lam:g} on {mesh.label()}") for lam in lambdas]
+        runs = [(lam, None, f"ILP lambda={lam:g} on {mesh.label()}") for lam in lambdas
+                if whole or lam == 0.0]
         if megatron:
             for sp in ((False, True) if mesh.shape[1] > 1 else (False,)):
                 restrict = {k: megatron_restrict(graph, costs[k], sequence_parallel=sp)

@@ -31,7 +31,8 @@ Steps (timings in ``SearchResult.seconds``):
 Layers are grouped into at most ``max_units`` units (non-block layers alone, repeated
 blocks in even groups) and the cluster into at most ``max_device_units`` device units: whole
 nodes (several per unit on large clusters), or single devices inside a one-node cluster,
-where stages take Alpa's (1, 2^k) submeshes.
+where stages take Alpa's (1, 2^k) submeshes. A stage of whole nodes takes a power of two or
+a divisor of the device units (Alpa allows any count; these keep the tables small).
 """
 
 from __future__ import annotations
@@ -131,8 +132,7 @@ def device_units(cluster: Cluster, max_units: int) -> tuple[int, int, list[int]]
         return 1, dpn, sizes
     per = next(d for d in divisors(cluster.nodes) if cluster.nodes // d <= max_units)
     v = cluster.nodes // per
-    sizes = sorted(set(divisors(v)) | {2 ** k for k in range(int(math.log2(v)) + 1)}
-                   | set(range(1, min(v, 8) + 1)))
+    sizes = sorted(set(divisors(v)) | {2 ** k for k in range(int(math.log2(v)) + 1)})
     return per * dpn, v, sizes
 
 

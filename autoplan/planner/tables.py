@@ -25,7 +25,7 @@ Everything here is arrays; the exact price of what the DP picks comes from the e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -240,18 +240,27 @@ class LayerArrays:
     peak: np.ndarray         # per layer: a recomputed layer's full activations
     gathered: np.ndarray     # per layer: parameter bytes when gathered
     checkpoint: bool
-    _running: dict = field(default_factory=dict)     # start -> running maxima from there
+    _sparse: tuple = None        # sparse tables of both per-layer maxima (built on first use)
 
     def range_max(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(max peak, max gathered) over layers [a_k, b_k)."""
-        peak, gath = np.empty(len(a)), np.empty(len(a))
-        for k, (i, j) in enumerate(zip(a.tolist(), b.tolist())):
-            run = self._running.get(i)
-            if run is None:
-                run = self._running[i] = (np.maximum.accumulate(self.peak[i:]),
-                                          np.maximum.accumulate(self.gathered[i:]))
-            peak[k], gath[k] = run[0][j - i - 1], run[1][j - i - 1]
-        return peak, gath
+        """(max peak, max gathered) over layers [a_k, b_k) (non-empty ranges), by sparse
+        tables: level k holds the maximum over [i, i + 2^k)."""
+        if self._sparse is None:
+            self._sparse = (_sparse_table(self.peak), _sparse_table(self.gathered))
+        k = np.floor(np.log2(b - a)).astype(int)
+        span = 1 << k
+        return tuple(np.maximum(t[k, a], t[k, b - span]) for t in self._sparse)
+
+
+def _sparse_table(x: np.ndarray) -> np.ndarray:
+    n = len(x)
+    levels = max(1, int(np.floor(np.log2(max(n, 1)))) + 1)
+    out = np.zeros((levels, n))
+    out[0] = x
+    for k in range(1, levels):
+        half = 1 << (k - 1)
+        out[k, :n - half] = np.maximum(out[k - 1, :n - half], out[k - 1, half:])
+    return out
 
 
 def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
