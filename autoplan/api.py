@@ -9,9 +9,10 @@
     mine = autoplan.estimate("gpt-7.5b", "dgx-a100", nodes=16, global_batch=512,
                              tp=4, pp=1, micro_batch=2, checkpoint="full")
 
-``optimize`` runs the Alpa-style search (:mod:`autoplan.planner.search`) by default and the
-uniform grid search beside it, whose best configuration the plan keeps as ``comparison``;
-``planner="uniform"`` runs the grid alone (version-1 style plans).
+``optimize`` runs the uniform grid by default (plans the engine runs and the exporters
+express); ``planner="auto"`` runs the Alpa-style search (:mod:`autoplan.planner.search`,
+experimental until the engine executes non-uniform stage plans) with the uniform grid
+beside it, whose best configuration the plan keeps as ``comparison``.
 """
 
 from __future__ import annotations
@@ -209,15 +210,15 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
 def optimize(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
              nodes: int | None = None, seq_len: int | None = None,
              precision: str | None = None, space: SearchSpace = SearchSpace(),
-             top_k: int = 10, planner: str = "auto", options=None) -> Plan:
+             top_k: int = 10, planner: str = "uniform", options=None) -> Plan:
     """Plan ``model`` on ``cluster``: the fastest predicted configuration that fits.
 
     ``model``: a built-in name or preset ("gpt-7.5b", "llama3-70b"), ``hf:<type or
     config.json>``, ``import:pkg.module:factory``, or a ModelSpec. ``cluster``: a preset
     name ("dgx-a100"), a YAML path, or a Cluster; ``nodes`` overrides its node count.
-    ``planner``: ``"auto"`` (the Alpa-style search, default; ``options`` is its
-    :class:`~autoplan.planner.search.SearchOptions`) or ``"uniform"`` (the grid of uniform
-    configurations, restricted by ``space``). Raises InfeasibleError (with the memory it
+    ``planner``: ``"uniform"`` (default: the grid of uniform configurations, restricted by
+    ``space``) or ``"auto"`` (the Alpa-style search, experimental; ``options`` is its
+    :class:`~autoplan.planner.search.SearchOptions`). Raises InfeasibleError (with the memory it
     would need) if nothing fits.
     """
     problem = prepare(model, cluster, global_batch=global_batch, nodes=nodes, seq_len=seq_len,
