@@ -13,7 +13,7 @@ GPUs, most of it compiling and profiling stages):
 * GPT-3 175B on 1024 A100s in under 60 s;
 * a 1T-parameter GPT (preset ``gpt-1t``) on 3072 A100s in under 120 s.
 
-    python benchmarks/solver_scaling.py [--repeats 3]
+    python benchmarks/solver_scaling.py [--repeats 3] [--plot-only]
 
 Writes ``benchmarks/results/solver_scaling.json`` and ``solver_scaling.png`` (search seconds
 against GPUs, one point per model).
@@ -75,11 +75,14 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in rows:
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for k, r in enumerate(rows):
         ax.scatter(r["gpus"], r["search_s"], s=40)
-        ax.annotate(f"{r['model']} ({r['params'] / 1e9:.3g}B)", (r["gpus"], r["search_s"]),
-                    textcoords="offset points", xytext=(5, 4), fontsize=8)
+        size = r["params"] / 1e9
+        label = f"{size / 1e3:.1f}T" if size >= 1e3 else f"{size:.3g}B"
+        ax.annotate(f"{r['model']} ({label})", (r["gpus"], r["search_s"]),
+                    textcoords="offset points", xytext=(-20, 10 if k % 2 else -14),
+                    fontsize=8)
     for name, nodes, _, limit in RUNS:
         if limit is not None:
             ax.scatter(nodes * 8, limit, marker="_", s=300, color="red")
@@ -96,7 +99,15 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--plot-only", action="store_true",
+                    help="redraw the PNG from the last results file")
     args = ap.parse_args()
+    if args.plot_only:
+        import json
+
+        plot(json.loads((RESULTS / "solver_scaling.json").read_text())["measurements"],
+             RESULTS / "solver_scaling.png")
+        return 0
     rows = []
     for name, nodes, batch, _ in RUNS:
         rows.append(measure(name, nodes, batch, args.repeats))
