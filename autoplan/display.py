@@ -180,7 +180,7 @@ def print_explanation(plan: Plan, console: Console, *, rows: int = 12) -> None:
         alt = r["alternatives"][0] if r["alternatives"] else None
         t.add_row(r["layer"], f"{r['op']} ({r['module']})", r["chosen"],
                   alt["placement"] if alt else "-",
-                  (f"+{1e3 * alt['delta_s']:.3g} ms, {alt['memory_delta_gb']:+.2f} GB"
+                  (f"{1e3 * alt['delta_s']:+.3g} ms, {alt['memory_delta_gb']:+.2f} GB"
                    + ("" if alt["fits"] else ", does not fit")) if alt else "-")
     console.print(t)
 
