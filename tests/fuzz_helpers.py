@@ -414,8 +414,8 @@ def oracle_parse(data: bytes, kind: str) -> tuple[str, Any]:
             doc = yaml.load(text, Loader=_DupYamlLoader)  # noqa: S506 (a SafeLoader)
         else:
             doc = json.loads(text, object_pairs_hook=_dup_pairs)
-    except (ValueError, RecursionError, yaml.YAMLError, _Duplicate, TypeError):
-        return "unparsed", None
+    except (ValueError, OverflowError, RecursionError, yaml.YAMLError, _Duplicate, TypeError):
+        return "unparsed", None     # OverflowError: a "\U999..." escape beyond chr()'s range
     return ("mapping" if isinstance(doc, dict) else "other"), doc
 
 
