@@ -301,7 +301,11 @@ def _registry_specs(mesh, op: RecordedOp, prop, single, full, extra: dict[int, l
                 return OpStrategy([OpSpec(_dtensor_spec(mesh, r, seed_override[slot]))])
             return OpStrategy([OpSpec(_dtensor_spec(mesh, r, ("S0", "R") if r.shape
                                                     else REPLICATE))])
-        specs = basic_specs(len(r.shape), partial=True) + list(extra.get(slot, []))
+        # (no shard of a dim too small to split: some rules raise on it, e.g. a view that
+        # drops the 1 x 1 of a pooled feature map)
+        specs = [sp for sp in basic_specs(len(r.shape), partial=True)
+                 if all(shard_dim(x) is None or r.shape[shard_dim(x)] >= 2 for x in sp)]
+        specs += list(extra.get(slot, []))
         return OpStrategy([OpSpec(_dtensor_spec(mesh, r, s)) for s in specs])
 
     info = prop.op_to_schema_info.get(op.func)
@@ -346,8 +350,14 @@ def _per_first_input(mesh, full, op: RecordedOp, info, seed) -> list:
     return out
 
 
+_BATCH_NORMS = frozenset({"native_batch_norm", "_native_batch_norm_legit",
+                          "_native_batch_norm_legit_functional", "cudnn_batch_norm"})
+
+
 def _supplement(mesh, op: RecordedOp) -> list:
-    """Hand-written strategies for what the registry lacks: the vocabulary-parallel loss of
+    """Hand-written strategies for what the registry lacks. Batch norm over a batch sharded
+    along a mesh axis, with per-replica statistics (DDP's semantics without SyncBatchNorm,
+    which the uniform planner assumes too). The vocabulary-parallel loss of
     ``torch.distributed.tensor.parallel.loss_parallel`` (a context that swaps in its own
     op handlers rather than registering strategies). ``_log_softmax`` on a tensor sharded
     along the softmax dim stays sharded (its max and sum-exp need a small all-reduce of
@@ -370,6 +380,17 @@ def _supplement(mesh, op: RecordedOp) -> list:
                     continue
                 s = _dtensor_spec(mesh, refs[0], tuple(spec))
                 out.append(OpSpec(output_specs=s, input_specs=(s,)))
+    elif name in _BATCH_NORMS and refs and len(refs[0].shape) >= 2:
+        # batch norm on a batch sharded along an axis, with per-replica statistics: what
+        # DistributedDataParallel computes without SyncBatchNorm (DTensor has no rule for a
+        # sharded batch, whose statistics would need a cross-replica reduction)
+        for spec in (("S0", "R"), ("R", "S0"), ("S0", "S0")):
+            ins = tuple(_dtensor_spec(mesh, r, spec if k == 0 else REPLICATE)
+                        for k, r in enumerate(refs))
+            outs = tuple(_dtensor_spec(mesh, o, spec if k == 0 else REPLICATE)
+                         for k, o in enumerate(op.outputs))
+            out.append(OpSpec(output_specs=outs if len(outs) > 1 else outs[0],
+                              input_specs=ins))
     elif name == "nll_loss_forward" and len(refs) >= 2 and len(refs[0].shape) == 2:
         from torch.distributed.tensor import Partial, Replicate
         from torch.distributed.tensor._dtensor_spec import DTensorSpec
