@@ -136,10 +136,15 @@ def device_units(cluster: Cluster, max_units: int) -> tuple[int, int, list[int]]
     return per * dpn, v, sizes
 
 
-def micro_batch_counts(global_batch: int, opts: SearchOptions) -> list[int]:
+def micro_batch_counts(global_batch: int, opts: SearchOptions, device_units: int = 32
+                       ) -> list[int]:
+    """Divisors m of the global batch up to ``max_micro_batches`` and to 8 per device unit
+    (at least 32): more micro-batches than 8 per possible pipeline stage no longer shrink
+    the bubble much, and each halves the micro-batch."""
     if opts.micro_batches is not None:
         return [m for m in opts.micro_batches if global_batch % m == 0]
-    return [m for m in divisors(global_batch) if m <= opts.max_micro_batches]
+    cap = min(opts.max_micro_batches, max(32, 8 * device_units))
+    return [m for m in divisors(global_batch) if m <= cap]
 
 
 # ---- the search ---------------------------------------------------------------------------
@@ -202,7 +207,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     max_stages = max(1, min(opts.max_stages, len(units) - 1, v_units))
     candidates: list[Candidate] = []
     dp_runs = 0
-    for m in micro_batch_counts(global_batch, opts):
+    for m in micro_batch_counts(global_batch, opts, v_units):
         mb = global_batch // m
         meshes_of: dict[int, list[LogicalMesh]] = {}
         for n in sizes:
@@ -271,7 +276,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     best = priced[0]
     stats = {"kinds": len(kinds), "layers": len(ms.layer_kind), "units": len(units) - 1,
              "device_units": v_units, "devices_per_unit": per_unit, "submesh_sizes": sizes,
-             "micro_batch_counts": micro_batch_counts(global_batch, opts),
+             "micro_batch_counts": micro_batch_counts(global_batch, opts, v_units),
              "dp_runs": dp_runs, "candidates": len(candidates),
              "ilp_solves": len(lib.solves),
              "layouts": {k: len(v) for k, v in lib.layouts.items()},
