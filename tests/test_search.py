@@ -315,6 +315,15 @@ def test_search_is_much_faster_when_layers_are_not_alike():
     assert head != block
 
 
+def test_search_is_at_least_as_fast_as_uniform_on_a_wide_resnet():
+    """Convolutions and batch norm (per-replica statistics under data parallelism, as the
+    uniform planner assumes): widths change from group to group."""
+    problem = prepare("wrn-16-8", "dgx-a100", nodes=2, global_batch=32)
+    _, uniform = plan_problem(problem, top_k=0)
+    result = search(problem.spec, problem.graph, problem.cluster, global_batch=32)
+    assert result.prediction.step_time_s <= uniform.best.prediction.step_time_s * (1 + 1e-9)
+
+
 # ---- the plan ----------------------------------------------------------------------------------
 
 def test_optimize_writes_a_self_describing_plan_with_the_uniform_comparison(small, tmp_path):
