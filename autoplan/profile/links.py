@@ -65,6 +65,7 @@ import torch
 import torch.distributed as dist
 
 from autoplan.profile.fit import bus_factor, fit_link_points
+from autoplan.profile.timing import _time_block
 from autoplan.profile.store import (COLLECTIVES, LinkPoint, LinkProfile, ProfileError,
                                     measured_provenance, source_id, update_link_profile)
 
@@ -187,7 +188,7 @@ def _bench_block(group: Group, collective: str, sizes: list[int], share: float,
         fn, nbytes = _collective(collective, size, group, cfg, device)
         once = math.inf
         for _ in range(max(1, cfg.warmup)):
-            once = min(once, _block(fn, 1, device))
+            once = min(once, _time_block(fn, device, 1))
         once = _agree(once, group, device)
         inner = int(min(1000, max(1, math.ceil(cfg.min_rep_s / max(once, 1e-9)))))
         cost = once * (cfg.warmup + cfg.repeats * inner)
@@ -199,7 +200,7 @@ def _bench_block(group: Group, collective: str, sizes: list[int], share: float,
     for _ in range(cfg.repeats):
         for i, (fn, _nbytes, inner) in enumerate(plan):
             dist.barrier(group=group.handle)
-            times[i].append(_agree(_block(fn, inner, device) / inner, group, device))
+            times[i].append(_agree(_time_block(fn, device, inner) / inner, group, device))
     out = []
     if dist.get_rank() == group.ranks[0]:
         for (_fn, nbytes, _inner), ts in zip(plan, times):
@@ -251,22 +252,6 @@ def _collective(collective: str, size: int, group: Group, cfg: BenchConfig,
         return exchange, src.numel() * elt
     raise ProfileError(f"unknown collective {collective!r}; known: {list(COLLECTIVES)}",
                        field="--collectives")
-
-
-def _block(fn: Callable[[], Any], inner: int, device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return time.perf_counter() - t0
 
 
 def _agree(value: float, group: Group, device: torch.device) -> float:
