@@ -44,10 +44,12 @@ so version-1 files load unchanged (and are held, and saved again, as version 2):
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import reprlib
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,19 @@ LAYOUTS = ("uniform", "stages")
 _PLACEMENT = re.compile(r"^(Replicate\(\)|Shard\(-?\d+\)|Partial\(\w*\))$")
 _ACT_PLACEMENT = re.compile(r"^(Replicate\(\)|Shard\(-?\d+\)|Partial\(\w*\)|"
                             r"_StridedShard\(-?\d+\))$")
+#: The most devices a plan may span (as :data:`autoplan.cluster.MAX_WORLD_SIZE`).
+MAX_DEVICES = 2 ** 24
+#: Bound of every other count in a plan (batch sizes, micro-batches, layers, parameters): far
+#: beyond any real run, small enough that products of counts stay exact and printable.
+MAX_COUNT = 2 ** 62
+#: Bound of a predicted figure's magnitude (seconds, bytes, rates), so that sums stay finite.
+MAX_FIGURE = 1e300
+#: How deeply a plan's free-form sections (``planner``, ``alternatives``, ...) may nest.
+MAX_DEPTH = 32
+PRECISION_KEYS = ("params", "compute", "reduce")
+_show = reprlib.Repr()
+_show.maxlevel, _show.maxstring, _show.maxlong, _show.maxother = 3, 60, 40, 60
+_show.maxlist = _show.maxdict = _show.maxtuple = 6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,17 +100,20 @@ class ParallelConfig:
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise PlanError(f"field 'parallel.{name}': must be a positive integer, got {value!r}")
-        if self.zero not in (0, 1, 2, 3):
-            raise PlanError(f"field 'parallel.zero': must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.schedule not in SCHEDULES:
+            _count(getattr(self, name), f"parallel.{name}",
+                   high=MAX_DEVICES if name in ("dp", "tp", "pp") else MAX_COUNT)
+        if not _is_int(self.zero) or self.zero not in (0, 1, 2, 3):
+            raise PlanError(f"field 'parallel.zero': must be 0, 1, 2 or 3, "
+                            f"got {_show.repr(self.zero)}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise PlanError(f"field 'parallel.sequence_parallel': must be true or false, "
+                            f"got {_show.repr(self.sequence_parallel)}")
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise PlanError(f"field 'parallel.schedule': must be one of {SCHEDULES}, "
-                            f"got {self.schedule!r}")
-        if self.checkpoint not in ("none", "full"):
+                            f"got {_show.repr(self.schedule)}")
+        if not isinstance(self.checkpoint, str) or self.checkpoint not in ("none", "full"):
             raise PlanError(f"field 'parallel.checkpoint': must be 'none' or 'full', "
-                            f"got {self.checkpoint!r}")
+                            f"got {_show.repr(self.checkpoint)}")
         if self.virtual_stages > 1 and self.schedule != "interleaved_1f1b":
             raise PlanError("field 'parallel.virtual_stages': > 1 needs schedule "
                             "'interleaved_1f1b'")
@@ -127,15 +145,22 @@ class MeshSpec:
     device_type: str = "cpu"           # "cpu" (gloo) or "cuda" (nccl)
 
     def __post_init__(self) -> None:
+        _sequence(self.shape, "mesh.shape", _is_int)
+        _sequence(self.axis_names, "mesh.axis_names", _is_name)
         if len(self.shape) != len(self.axis_names):
             raise PlanError(f"field 'mesh.shape': {list(self.shape)} has {len(self.shape)} axes "
                             f"but axis_names has {len(self.axis_names)}")
-        if any(not isinstance(s, int) or s < 1 for s in self.shape):
-            raise PlanError(f"field 'mesh.shape': sizes must be positive integers, got "
-                            f"{list(self.shape)}")
-        if self.device_type not in ("cpu", "cuda"):
+        if len(set(self.axis_names)) != len(self.axis_names):
+            raise PlanError(f"field 'mesh.axis_names': {list(self.axis_names)} repeats a name")
+        if any(s < 1 or s > MAX_DEVICES for s in self.shape):
+            raise PlanError(f"field 'mesh.shape': sizes must be integers from 1 to "
+                            f"{MAX_DEVICES}, got {_show.repr(list(self.shape))}")
+        if self.size > MAX_DEVICES:
+            raise PlanError(f"field 'mesh.shape': {list(self.shape)} is more than "
+                            f"{MAX_DEVICES} devices")
+        if not isinstance(self.device_type, str) or self.device_type not in ("cpu", "cuda"):
             raise PlanError(f"field 'mesh.device_type': must be 'cpu' or 'cuda', got "
-                            f"{self.device_type!r}")
+                            f"{_show.repr(self.device_type)}")
 
     @property
     def size(self) -> int:
@@ -225,11 +250,21 @@ class Prediction:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Prediction":
-        d = dict(d)
-        d["memory"] = _from_dict(MemoryBreakdown, d["memory"], "prediction.memory")
-        d["time"] = _from_dict(TimeBreakdown, d["time"], "prediction.time")
-        d["memory_per_stage"] = tuple(_from_dict(MemoryBreakdown, m, "prediction.memory_per_stage")
-                                      for m in d.get("memory_per_stage", ()))
+        """Read :meth:`to_dict`'s output: every figure a finite number (``total`` is derived
+        and ignored); errors name the field."""
+        d = dict(_object(d, "prediction"))
+        for key in ("memory", "time"):
+            if key not in d:
+                raise PlanError(f"field 'prediction.{key}': missing")
+        d["memory"] = _figures(MemoryBreakdown, d["memory"], "prediction.memory")
+        d["time"] = _figures(TimeBreakdown, d["time"], "prediction.time")
+        per_stage = _list(d.get("memory_per_stage", []), "prediction.memory_per_stage")
+        d["memory_per_stage"] = tuple(
+            _figures(MemoryBreakdown, m, f"prediction.memory_per_stage[{i}]")
+            for i, m in enumerate(per_stage))
+        for f in fields(cls):
+            if f.name not in ("memory", "time", "memory_per_stage") and f.name in d:
+                _figure(d[f.name], f"prediction.{f.name}")
         return _from_dict(cls, d, "prediction")
 
 
@@ -294,21 +329,31 @@ class Plan:
             seen.update(st.ranks)
             bad = set(st.checkpoint_layers) - set(st.layer_names)
             if bad:
-                raise PlanError(f"field 'stages[{i}].checkpoint_layers': {sorted(bad)} not in "
-                                "this stage")
+                raise PlanError(f"field 'stages[{i}].checkpoint_layers': {_show.repr(sorted(bad))} "
+                                "not in this stage")
             self._validate_stage_v2(i, st)
-        if seen != set(range(self.world_size)):
-            raise PlanError(f"field 'stages': ranks {sorted(set(range(self.world_size)) - seen)} "
-                            "belong to no stage")
+        if len(seen) != self.world_size:       # every rank of seen is in range (above)
+            missing = []
+            for r in range(self.world_size):   # the first few: never a set of the whole world
+                if r not in seen:
+                    missing.append(r)
+                    if len(missing) == 5:
+                        break
+            raise PlanError(f"field 'stages': ranks {missing}"
+                            f"{' ...' if len(missing) == 5 else ''} belong to no stage")
         known_axes = set(self.mesh.axis_names) | {a for st in self.stages
                                                   for a in st.axis_names}
         for name, axes in self.param_placements.items():
             for axis, placement in axes.items():
                 if axis not in known_axes:
-                    raise PlanError(f"field 'param_placements.{name}': unknown mesh axis {axis!r}")
-                if not _PLACEMENT.match(placement):
-                    raise PlanError(f"field 'param_placements.{name}.{axis}': {placement!r} is not "
-                                    "Replicate(), Shard(d) or Partial()")
+                    raise PlanError(f"field 'param_placements.{name}': unknown mesh axis "
+                                    f"{_show.repr(axis)}")
+                if not isinstance(placement, str) or not _PLACEMENT.match(placement):
+                    raise PlanError(f"field 'param_placements.{name}.{axis}': "
+                                    f"{_show.repr(placement)} is not Replicate(), Shard(d) or "
+                                    "Partial()")
+        if self.prediction is not None:
+            _finite_tree(self.prediction.to_dict(), "prediction")
 
     def _validate_stage_v2(self, i: int, st: "Stage") -> None:
         where = f"stages[{i}]"
@@ -331,15 +376,15 @@ class Plan:
                             f"{st.micro_batch!r}")
         for axis in st.data_axes:
             if axis not in st.axis_names:
-                raise PlanError(f"field '{where}.data_axes': unknown axis {axis!r}")
+                raise PlanError(f"field '{where}.data_axes': unknown axis {_show.repr(axis)}")
         for op, axes in st.activation_placements.items():
             for axis, placement in axes.items():
                 if axis not in st.axis_names:
                     raise PlanError(f"field '{where}.activation_placements.{op}': unknown axis "
-                                    f"{axis!r}")
-                if not _ACT_PLACEMENT.match(placement):
+                                    f"{_show.repr(axis)}")
+                if not isinstance(placement, str) or not _ACT_PLACEMENT.match(placement):
                     raise PlanError(f"field '{where}.activation_placements.{op}.{axis}': "
-                                    f"{placement!r} is not a DTensor placement")
+                                    f"{_show.repr(placement)} is not a DTensor placement")
 
     # ---- JSON ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -375,23 +420,33 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "<dict>") -> "Plan":
+        """Build and validate a plan from its JSON form; every error is a :class:`PlanError`
+        whose message starts with ``source`` and names the field."""
         try:
-            return cls._from_dict(d)
+            return cls._from_dict(d, source)
         except PlanError as exc:
             raise PlanError(f"{source}: {exc}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PlanError(f"{source}: malformed plan ({type(exc).__name__}: {exc})") from None
+        except RecursionError:
+            raise PlanError(f"{source}: field '<top level>': nested too deeply") from None
+        except (KeyError, TypeError, ValueError) as exc:     # a check this loader lacks
+            raise PlanError(f"{source}: malformed plan ({type(exc).__name__}: "
+                            f"{_show.repr(str(exc))})") from None
 
     @classmethod
-    def _from_dict(cls, d: dict[str, Any]) -> "Plan":
+    def _from_dict(cls, d: dict[str, Any], source: str) -> "Plan":
         if not isinstance(d, dict):
-            raise PlanError("top level must be a JSON object")
+            raise PlanError("the top level must be a JSON object")
+        for key in d:
+            if not isinstance(key, str):
+                raise PlanError(f"field '{key}': keys must be strings")
         if d.get("format") != PLAN_FORMAT:
-            raise PlanError(f"field 'format': expected {PLAN_FORMAT!r}, got {d.get('format')!r}")
-        if d.get("version") not in READABLE_VERSIONS:
+            raise PlanError(f"field 'format': expected {PLAN_FORMAT!r}, got "
+                            f"{_show.repr(d.get('format'))}")
+        version = d.get("version")
+        if not _is_int(version) or version not in READABLE_VERSIONS:
             raise PlanError(f"field 'version': this autoplan reads plan versions "
                             f"{', '.join(map(str, READABLE_VERSIONS))}, the file is version "
-                            f"{d.get('version')!r}")
+                            f"{_show.repr(version)}")
         known = {f.name for f in fields(cls)} | {"format"}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -400,62 +455,314 @@ class Plan:
                     "mesh", "parallel", "stages"):
             if key not in d:
                 raise PlanError(f"field '{key}': missing")
-        mesh = d["mesh"]
+        for key, value in d.items():           # no section nests deeper than a plan needs
+            _plain(value, key)
+        mesh = dict(_object(d["mesh"], "mesh"))
+        for key in ("shape", "axis_names"):
+            if key in mesh:
+                mesh[key] = tuple(_list(mesh[key], f"mesh.{key}"))
+        if "shape" not in mesh:
+            raise PlanError("field 'mesh.shape': missing")
+        if not _is_name(d["model_fingerprint"]):
+            raise PlanError(f"field 'model_fingerprint': must be a non-empty string, got "
+                            f"{_show.repr(d['model_fingerprint'])}")
+        num_params = _count(d["num_params"], "num_params", low=0)
+        global_batch = _count(d["global_batch"], "global_batch")
+        seq_len = d.get("seq_len")
+        if seq_len is not None:
+            _count(seq_len, "seq_len")
+        param_placements = _string_table(_optional_object(d, "param_placements"),
+                                         "param_placements")
+        precision = _optional_object(d, "precision")
+        for key, value in precision.items():
+            if key not in PRECISION_KEYS:
+                raise PlanError(f"field 'precision.{key}': unknown key; known: "
+                                f"{', '.join(PRECISION_KEYS)}")
+            if not _is_name(value):
+                raise PlanError(f"field 'precision.{key}': must be a dtype name, got "
+                                f"{_show.repr(value)}")
+        created_by = _optional_object(d, "created_by")
+        for key, value in created_by.items():
+            if not isinstance(value, str):
+                raise PlanError(f"field 'created_by.{key}': must be a string, got "
+                                f"{_show.repr(value)}")
+        alternatives = d.get("alternatives")
+        alternatives = [] if alternatives is None else _list(alternatives, "alternatives")
+        for i, alt in enumerate(alternatives):
+            _object(alt, f"alternatives[{i}]")
+        layout = d.get("layout", "uniform")
+        if not isinstance(layout, str) or layout not in LAYOUTS:
+            raise PlanError(f"field 'layout': must be one of {LAYOUTS}, got {_show.repr(layout)}")
+        prediction = d.get("prediction")
         plan = cls(
-            model=d["model"],
+            model=_model(d["model"], source),
             model_fingerprint=d["model_fingerprint"],
-            num_params=d["num_params"],
-            cluster=d["cluster"],
-            global_batch=d["global_batch"],
-            seq_len=d.get("seq_len"),
-            mesh=_from_dict(MeshSpec, {**mesh, "shape": tuple(mesh["shape"]),
-                                       "axis_names": tuple(mesh.get("axis_names", MESH_AXES))},
-                            "mesh"),
-            parallel=_from_dict(ParallelConfig, d["parallel"], "parallel"),
-            stages=[_stage_from_dict(s, i) for i, s in enumerate(d["stages"])],
-            param_placements=d.get("param_placements") or {},
-            precision=d.get("precision") or {},
-            prediction=Prediction.from_dict(d["prediction"]) if d.get("prediction") else None,
-            alternatives=d.get("alternatives") or [],
-            planner=d.get("planner") or {},
-            created_by=d.get("created_by") or {},
+            num_params=num_params,
+            cluster=_cluster(d["cluster"], source),
+            global_batch=global_batch,
+            seq_len=seq_len,
+            mesh=_from_dict(MeshSpec, mesh, "mesh"),
+            parallel=_from_dict(ParallelConfig, _object(d["parallel"], "parallel"), "parallel"),
+            stages=[_stage_from_dict(s, i)
+                    for i, s in enumerate(_list(d["stages"], "stages"))],
+            param_placements=param_placements,
+            precision=precision,
+            prediction=None if prediction is None else Prediction.from_dict(prediction),
+            alternatives=alternatives,
+            planner=_optional_object(d, "planner"),
+            created_by=created_by,
             version=PLAN_VERSION,           # a version-1 file is read as version 2 (defaults)
-            layout=d.get("layout", "uniform"),
-            comparison=d.get("comparison") or {},
+            layout=layout,
+            comparison=_optional_object(d, "comparison"),
         )
         plan.validate()
         return plan
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
+        """Read and validate a plan file; anything wrong with it -- unreadable, not UTF-8,
+        not JSON, a duplicate key, a wrong field -- is a :class:`PlanError` naming the file
+        (and the field, when the text is a JSON object)."""
         path = Path(path)
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except OSError as exc:
-            raise PlanError(f"{path}: cannot read plan ({exc.strerror})") from None
+            raise PlanError(f"{path}: cannot read plan ({exc.strerror or exc})") from None
         try:
-            data = json.loads(text)
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.count(b"\n", 0, exc.start) + 1
+            raise PlanError(f"{path}: not UTF-8 text (byte {exc.start}, line {line})") from None
+        try:
+            data = json.loads(text, object_pairs_hook=_no_duplicates)
         except json.JSONDecodeError as exc:
             raise PlanError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        except _DuplicateKey as exc:
+            raise PlanError(f"{path}: not valid JSON: duplicate key "
+                            f"{_show.repr(exc.args[0])}") from None
+        except RecursionError:
+            raise PlanError(f"{path}: not valid JSON: nested too deeply") from None
+        except ValueError as exc:              # e.g. an integer of more than 4300 digits
+            raise PlanError(f"{path}: not valid JSON: a value cannot be read "
+                            f"({_show.repr(str(exc))})") from None
         return cls.from_dict(data, source=str(path))
 
 
-def _stage_from_dict(d: dict, i: int) -> Stage:
-    d = dict(d)
-    for key in ("layers", "layer_names", "ranks", "mesh_shape", "checkpoint_layers",
-                "axis_names", "data_axes"):
+# ---- loading: checks that name the field -----------------------------------------------------
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _count(value: Any, where: str, *, low: int = 1, high: int = MAX_COUNT) -> int:
+    if not _is_int(value) or not low <= value <= high:
+        raise PlanError(f"field '{where}': must be an integer from {low} to {high}, got "
+                        f"{_show.repr(value)}")
+    return value
+
+
+def _object(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise PlanError(f"field '{where}': must be an object, got {_kind(value)}")
+    return value
+
+
+def _optional_object(d: dict, key: str) -> dict:
+    """``d[key]``: an object, or {} when absent or null."""
+    value = d.get(key)
+    return {} if value is None else _object(value, key)
+
+
+def _list(value: Any, where: str) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise PlanError(f"field '{where}': must be a list, got {_kind(value)}")
+    return list(value)
+
+
+def _sequence(value: Any, where: str, ok) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise PlanError(f"field '{where}': must be a list, got {_kind(value)}")
+    for i, item in enumerate(value):
+        if not ok(item):
+            what = "an integer" if ok is _is_int else "a non-empty string"
+            raise PlanError(f"field '{where}': item {i} must be {what}, got "
+                            f"{_show.repr(item)}")
+
+
+def _string_table(table: dict, where: str) -> dict[str, dict[str, str]]:
+    """An object of objects of strings (name -> mesh axis -> placement)."""
+    for name, row in table.items():
+        _object(row, f"{where}.{name}")
+        for key, value in row.items():
+            if not isinstance(value, str):
+                raise PlanError(f"field '{where}.{name}.{key}': must be a string, got "
+                                f"{_show.repr(value)}")
+    return table
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean",
+            type(None): "null", int: "an integer", float: "a number"}.get(type(value),
+                                                                       type(value).__name__)
+
+
+def _figure(value: Any, where: str) -> float:
+    """A finite number of sane magnitude (a sum of a few stays finite)."""
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or (isinstance(value, float) and not math.isfinite(value))
+            or not -MAX_FIGURE <= value <= MAX_FIGURE):
+        raise PlanError(f"field '{where}': must be a finite number, got {_show.repr(value)}")
+    return value
+
+
+def _figures(cls, d: Any, where: str):
+    """A :class:`MemoryBreakdown` / :class:`TimeBreakdown` of finite numbers."""
+    d = _object(d, where)
+    for key, value in d.items():
+        if key in {f.name for f in fields(cls)}:
+            _figure(value, f"{where}.{key}")
+    return _from_dict(cls, d, where)
+
+
+def _finite_tree(value: Any, where: str) -> None:
+    """Every number under ``value`` (an object / list tree) finite."""
+    stack = [(value, where)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, f"{at}.{k}") for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(node))
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise PlanError(f"field '{at}': must be a finite number, got {node!r}")
+
+
+def _plain(value: Any, where: str) -> None:
+    """JSON data of bounded depth with finite numbers (written back as standard JSON)."""
+    stack = [(value, where, 0)]
+    while stack:
+        node, at, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth >= MAX_DEPTH:
+                raise PlanError(f"field '{where}': nested more than {MAX_DEPTH} levels deep")
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            fmt = "{}.{}" if isinstance(node, dict) else "{}[{}]"
+            stack.extend((v, fmt.format(at, k), depth + 1) for k, v in items)
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise PlanError(f"field '{at}': must be a finite number, got {node!r}")
+
+
+def _nested_error(exc: Exception, prefix: str, source: str) -> PlanError:
+    """A ConfigError of an embedded section (cluster, model) as a PlanError whose field
+    starts with ``prefix``."""
+    name = getattr(exc, "field", None)
+    message = getattr(exc, "detail", None) or str(exc)
+    for lead in (f"{source}: ", f"field '{name}': "):
+        message = message.removeprefix(lead)
+    if name and not (name == prefix or name.startswith(prefix + ".")):
+        name = f"{prefix}.{name}"
+    return PlanError(f"field '{name or prefix}': {message}")
+
+
+def _cluster(value: Any, source: str) -> dict[str, Any]:
+    """The embedded cluster, checked by :meth:`autoplan.cluster.Cluster.from_dict`; kept as
+    written (so a plan saves back byte for byte)."""
+    from autoplan.cluster import Cluster
+    from autoplan.errors import AutoplanError
+
+    _object(value, "cluster")
+    try:
+        Cluster.from_dict(value, source=source)
+    except AutoplanError as exc:
+        raise _nested_error(exc, "cluster", source) from None
+    return value
+
+
+def _model(value: Any, source: str) -> dict[str, Any]:
+    """The embedded model spec, checked by :meth:`autoplan.models.registry.ModelSpec.from_dict`."""
+    from autoplan.errors import AutoplanError
+    from autoplan.models.registry import ModelSpec
+
+    _object(value, "model")
+    try:
+        ModelSpec.from_dict(value, source_file=source)
+    except AutoplanError as exc:
+        raise _nested_error(exc, "model", source) from None
+    return value
+
+
+def _stage_from_dict(d: Any, i: int) -> Stage:
+    where = f"stages[{i}]"
+    d = dict(_object(d, where))
+    for key in ("index", "layers", "layer_names", "ranks", "mesh_shape"):
+        if key not in d:
+            raise PlanError(f"field '{where}.{key}': missing")
+    _count(d["index"], f"{where}.index", low=0)
+    for key, ok in (("layers", _is_int), ("layer_names", _is_name), ("ranks", _is_int),
+                    ("mesh_shape", _is_int), ("checkpoint_layers", _is_name),
+                    ("axis_names", _is_name), ("data_axes", _is_name)):
         if key in d:
+            _sequence(d[key], f"{where}.{key}", ok)
             d[key] = tuple(d[key])
-    return _from_dict(Stage, d, f"stages[{i}]")
+    if len(d["layers"]) != 2 or not 0 <= d["layers"][0] <= MAX_COUNT \
+            or not 0 <= d["layers"][1] <= MAX_COUNT:
+        raise PlanError(f"field '{where}.layers': must be [start, end], two integers >= 0, "
+                        f"got {_show.repr(list(d['layers']))}")
+    for r in d["ranks"]:
+        if not 0 <= r < MAX_DEVICES:
+            raise PlanError(f"field '{where}.ranks': rank {_show.repr(r)} out of range")
+    for n in d["mesh_shape"]:
+        if not 1 <= n <= MAX_DEVICES:
+            raise PlanError(f"field '{where}.mesh_shape': sizes must be integers from 1 to "
+                            f"{MAX_DEVICES}, got {_show.repr(list(d['mesh_shape']))}")
+    if len(set(d.get("axis_names", ()))) != len(d.get("axis_names", ())):
+        raise PlanError(f"field '{where}.axis_names': {_show.repr(list(d['axis_names']))} "
+                        "repeats a name")
+    for key in ("zero", "micro_batch"):
+        value = d.get(key)
+        if value is not None and not _is_int(value):
+            raise PlanError(f"field '{where}.{key}': must be an integer or null, got "
+                            f"{_show.repr(value)}")
+    if d.get("micro_batch") is not None:
+        _count(d["micro_batch"], f"{where}.micro_batch")
+    if "activation_placements" in d:
+        d["activation_placements"] = _string_table(
+            _object(d["activation_placements"], f"{where}.activation_placements"),
+            f"{where}.activation_placements")
+    if "predicted" in d:
+        predicted = _object(d["predicted"], f"{where}.predicted")
+        _finite_tree(predicted, f"{where}.predicted")
+    return _from_dict(Stage, d, where)
 
 
 def _from_dict(cls, d: dict, where: str):
     if not isinstance(d, dict):
-        raise PlanError(f"field '{where}': must be an object")
+        raise PlanError(f"field '{where}': must be an object, got {_kind(d)}")
     known = {f.name for f in fields(cls)}
     extra = set(d) - known - {"total"}     # 'total' is derived, written for readers
     if extra:
         raise PlanError(f"field '{where}.{sorted(extra)[0]}': unknown key")
+    missing = [f.name for f in fields(cls) if f.name not in d
+               and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise PlanError(f"field '{where}.{missing[0]}': missing")
     try:
         return cls(**{k: v for k, v in d.items() if k in known})
     except TypeError as exc:

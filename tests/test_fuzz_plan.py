@@ -3,10 +3,10 @@
 The seeds are two plans the planner wrote (tests/fuzz_helpers.py: plan_seeds). Every input
 must be accepted -- and then validate, hold a valid cluster and model spec and finite
 predicted figures, and survive save -> load byte for byte -- or be rejected with a PlanError
-naming the file and the field. autoplan/plan.py does not meet that yet; each way it fails is
-pinned below by a strict xfail test that says what to change in plan.py (owned by another
-engineer while this was written). When plan.py is fixed these XPASS and fail: remove the
-marks. ``benchmarks/fuzz_counts.py`` counts the failures per exception type.
+naming the file and the field. The tests after the fuzz run pin what it once found in
+autoplan/plan.py (non-UTF-8 text, deep nesting, huge integers, wrong types, NaN figures, an
+invalid embedded cluster or model, duplicate keys). ``benchmarks/fuzz_counts.py`` counts the
+outcomes per exception type.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import pytest
 from autoplan.errors import PlanError
 from autoplan.plan import Plan
 from fuzz_helpers import Tally, plan_seeds, run_plan_fuzz, scratch_dir
-
-PLAN_PY = "autoplan/plan.py (being edited by another engineer): "
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +42,6 @@ def _load(tmp_path, doc_or_bytes) -> Plan:
     return Plan.load(path)
 
 
-@pytest.mark.xfail(strict=True, reason=PLAN_PY + "the cases below; the first one the "
-                   "fuzzer meets is reported unshrunk, so the test stays fast while it fails")
 def test_fuzz_plan_json(tmp_path, seeds):
     with scratch_dir(tmp_path) as work:
         tally = run_plan_fuzz(Tally("plan JSON"), work, max_examples=1000, shrink=False,
@@ -78,27 +74,19 @@ def test_a_failed_save_leaves_the_previous_plan_intact(tmp_path, seed, monkeypat
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
-# ---- what the fuzzer found in plan.py (strict xfails: each fails today) -------------------
+# ---- what the fuzzer found in plan.py (each failed before plan.py checked it) ----------
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError, reason=PLAN_PY + "Plan.load "
-                   "reads with path.read_text(); catch UnicodeDecodeError (or read bytes and "
-                   "decode) and raise PlanError('<file>: not UTF-8 text ...')")
 def test_plan_file_not_utf8(tmp_path, seed):
     with pytest.raises(PlanError, match="plan.json"):
         _load(tmp_path, b"\xff\xfe" + json.dumps(seed).encode())
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError, reason=PLAN_PY + "Plan.load: "
-                   "json.loads raises RecursionError on deep nesting; catch it -> PlanError")
 def test_plan_file_nested_too_deeply(tmp_path):
     with pytest.raises(PlanError, match="plan.json"):
         _load(tmp_path, b'{"format": "autoplan.plan", "x": ' + b"[" * 100_000 + b"]" * 100_000
               + b"}")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=PLAN_PY + "Plan.load: json.loads "
-                   "raises a plain ValueError (not JSONDecodeError) for an integer of more than "
-                   "4300 digits; catch ValueError -> PlanError")
 def test_plan_file_with_a_huge_integer(tmp_path, seed):
     text = json.dumps({**seed, "num_params": 0}).replace('"num_params": 0',
                                                           '"num_params": ' + "9" * 5000)
@@ -118,7 +106,15 @@ def _set(doc: dict, dotted: str, value) -> dict:
 
 _PARAM = "blocks.0.attn.q.weight"
 
-#: (path to change, new value, the field the PlanError must name, what plan.py should do)
+
+def _nested(depth: int) -> list:
+    out: list = [1]
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
+#: (path to change, new value, the field the PlanError must name, what plan.py checks)
 WRONG_TYPES = [
     ("mesh", [], "mesh", "check mesh is an object before {**mesh}"),
     ("mesh/shape", 4, "mesh.shape", "check mesh.shape is a list before tuple()"),
@@ -134,23 +130,31 @@ WRONG_TYPES = [
     ("prediction/memory/params", "x", "prediction.memory.params",
      "MemoryBreakdown / TimeBreakdown / Prediction: fields must be finite numbers"),
     ("prediction/step_time_s", math.nan, "prediction.step_time_s",
-     "Prediction: NaN / inf figures are accepted and written back as non-standard JSON"),
+     "Prediction: NaN / inf figures would be written back as non-standard JSON"),
     ("prediction/time/compute", None, "prediction.time.compute",
-     "TimeBreakdown: None is accepted; total then raises TypeError in to_json"),
+     "TimeBreakdown: None would make total raise TypeError in to_json"),
     ("cluster/nodes", "four", "cluster.nodes",
      "validate the embedded cluster with Cluster.from_dict (prefixing 'cluster.' to the "
-     "field); today any object is accepted"),
+     "field)"),
     ("cluster", [], "cluster", "check cluster is an object (a valid Cluster)"),
     ("model", {"source": "builtin"}, "model.name",
      "validate the embedded model with ModelSpec.from_dict"),
     ("num_params", "many", "num_params", "check num_params / seq_len are integers"),
     ("precision", [], "precision", "check precision is an object of strings"),
+    ("parallel/zero", True, "parallel.zero", "a boolean is not a ZeRO stage"),
+    ("parallel/sequence_parallel", "yes", "parallel.sequence_parallel", "must be a boolean"),
+    ("parallel/micro_batch", 10 ** 4000, "parallel.micro_batch",
+     "counts are bounded, so products of them stay printable"),
+    ("mesh/shape", [2, 2 ** 40, 1], "mesh.shape", "a mesh is at most 2**24 devices"),
+    ("stages/1/predicted", {"s": math.inf}, "stages[1].predicted.s", "finite figures"),
+    ("alternatives", {"a": 1}, "alternatives", "alternatives are a list of objects"),
+    ("planner", {"x": _nested(40)}, "planner", "free-form sections nest at most 32 levels"),
+    ("model/config", [1], "model.config", "a model's config is an object"),
 ]
 
 
 @pytest.mark.parametrize("where, value, field, fix", [
-    pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason=PLAN_PY + case[3]),
-                 id=case[0]) for case in WRONG_TYPES])
+    pytest.param(*case, id=case[0]) for case in WRONG_TYPES])
 def test_wrong_types_in_a_plan_name_their_field(tmp_path, seed, where, value, field, fix):
     with pytest.raises(PlanError) as info:
         plan = _load(tmp_path, _set(seed, where, value))
@@ -158,9 +162,6 @@ def test_wrong_types_in_a_plan_name_their_field(tmp_path, seed, where, value, fi
     assert "plan.json" in str(info.value) and f"field '{field}'" in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason=PLAN_PY + "duplicate keys are kept silently (the last "
-                   "wins), unlike cluster YAML and profile files; pass json.loads an "
-                   "object_pairs_hook that rejects them (autoplan.profile.files does)")
 def test_duplicate_keys_in_a_plan_are_errors(tmp_path, seed):
     text = json.dumps(seed)
     text = "{" + '"global_batch": 4096, ' + text[1:]

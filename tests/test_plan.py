@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from autoplan.cluster import load_cluster
 from autoplan.errors import PlanError
 from autoplan.plan import (MemoryBreakdown, MeshSpec, ParallelConfig, Plan, Prediction, Stage,
                            TimeBreakdown, atomic_write_text)
@@ -27,7 +28,8 @@ def _plan(**overrides) -> Plan:
                       memory_limit_bytes=80e9, time=TimeBreakdown(compute=1.0, bubble=0.5),
                       memory_per_stage=(MemoryBreakdown(params=1.0),))
     kw = dict(model={"source": "builtin", "name": "gpt", "config": {"layers": 4}},
-              model_fingerprint="abc", num_params=1000, cluster={"name": "x"},
+              model_fingerprint="abc", num_params=1000,
+              cluster=load_cluster("dgx-a100").to_dict(),
               global_batch=16, seq_len=128, mesh=MeshSpec(shape=(2, 2, 2)), parallel=parallel,
               stages=stages, param_placements={"blocks.0.attn.q.weight": {"tp": "Shard(0)",
                                                                           "dp": "Replicate()"}},

@@ -26,6 +26,10 @@ import torch.nn as nn
 from autoplan.errors import ConfigError, UnknownNameError
 
 
+#: Where a model spec's model comes from (module docstring).
+SOURCES = ("builtin", "hf", "import")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     source: str                    # "builtin" | "hf" | "import"
@@ -37,14 +41,32 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, d: dict, *, source_file: str = "<plan>") -> "ModelSpec":
+        """Read :meth:`to_dict`'s output; a wrong shape or type is a ConfigError naming
+        ``source_file`` and the field (``model.<key>``)."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"must be an object, got {type(d).__name__}", source=source_file,
+                              field="model")
         for key in ("source", "name"):
             if key not in d:
                 raise ConfigError("missing", source=source_file, field=f"model.{key}")
         unknown = set(d) - {"source", "name", "config"}
         if unknown:
-            raise ConfigError(f"unknown key(s) {sorted(unknown)}", source=source_file,
-                              field=f"model.{sorted(unknown)[0]}")
-        return cls(source=d["source"], name=d["name"], config=dict(d.get("config") or {}))
+            raise ConfigError(f"unknown key(s) {sorted(map(str, unknown))}",
+                              source=source_file, field=f"model.{sorted(map(str, unknown))[0]}")
+        if d["source"] not in SOURCES:
+            raise ConfigError(f"must be one of {', '.join(SOURCES)}, got {d['source']!r}"[:200],
+                              source=source_file, field="model.source")
+        if not isinstance(d["name"], str) or not d["name"].strip():
+            raise ConfigError(f"must be a non-empty string, got {d['name']!r}"[:200],
+                              source=source_file, field="model.name")
+        config = d.get("config")
+        if config is None:
+            config = {}
+        if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+            raise ConfigError(f"must be an object with string keys, got "
+                              f"{type(config).__name__}", source=source_file,
+                              field="model.config")
+        return cls(source=d["source"], name=d["name"], config=dict(config))
 
     def fingerprint(self) -> str:
         """sha256 of the architecture description (source, name, config), 16 hex digits."""
