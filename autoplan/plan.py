@@ -35,8 +35,10 @@ so version-1 files load unchanged (and are held, and saved again, as version 2):
   search chose; the rest follow their input as DTensor propagates it) and ``predicted``
   (seconds and bytes of the stage per micro-batch).
 * ``param_placements`` may name a stage's own axes (``parallel`` axes of a ``"uniform"``
-  plan, the stage's ``axis_names`` in a ``"stages"`` plan); ``_StridedShard(d)`` (a
-  flattened dim sharded along its inner factor) is allowed in activation placements.
+  plan, the stage's ``axis_names`` in a ``"stages"`` plan). In a search plan they are the
+  placements a parameter is *computed* with; its stage's ZeRO shards it further along the
+  data axes at rest (the engine's :mod:`engine.zero`). ``_StridedShard(d)`` (a flattened
+  dim sharded along its inner factor) is allowed in activation placements.
 * ``comparison``: what the uniform planner's best configuration predicts for the same
   model, cluster and batch (``autoplan show`` puts it next to this plan's prediction).
 """

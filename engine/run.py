@@ -82,6 +82,7 @@ def execute(plan: Plan, source: str, cfg: RunConfig) -> dict[str, Any] | None:
     """Check, build the mesh, train; the process group is created if needed (and kept, so
     one launch may run several plans of the same world size in turn)."""
     from engine.mesh import build_mesh, init_distributed
+    from engine.staged import execute_staged, runs_per_op
     from engine.train import Trainer
     from engine.validate import check_all
 
@@ -89,6 +90,8 @@ def execute(plan: Plan, source: str, cfg: RunConfig) -> dict[str, Any] | None:
                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE",
                                                          os.environ["WORLD_SIZE"])))
     device = init_distributed(plan.mesh.device_type, cfg.timeout_s)
+    if runs_per_op(plan):
+        return execute_staged(plan, spec, cfg, device, source=source)
     pm = build_mesh(plan, device, cfg.timeout_s)
     return Trainer(plan, spec, cfg, pm, source=source).run()
 

@@ -62,23 +62,14 @@ class Trainer:
         if note:
             self.log(note)
         self.out_dir = Path(cfg.out_dir)
-        self.chunks = [parallelize_stage(plan, spec, s, pm, self.precision, seed=cfg.seed)
-                       for s in pm.stages]
+        self._build()
         self.optimizers = [torch.optim.AdamW(c.parameters(), lr=cfg.lr,
                                              betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                              weight_decay=cfg.weight_decay)
                            for c in self.chunks]
-        p = plan.parallel
-        self.schedule = None
-        if p.pp > 1:
-            self.schedule = build_schedule(dict(zip(pm.stages, self.chunks)), pm,
-                                           schedule=p.schedule,
-                                           num_micro_batches=p.num_micro_batches,
-                                           loss_fn=GPT.loss)
         self.data = make_source(cfg.data, vocab_size=self.info.vocab_size,
                                 seq_len=self.seq_len, global_batch=plan.global_batch,
                                 seed=cfg.seed)
-        self.has_loss = has_last_stage(pm)
         self.tokens_per_step = plan.global_batch * self.seq_len
         self.flops_per_step = flops_per_token(
             matmul_params=self.info.matmul_params, layers=self.info.layers,
@@ -89,6 +80,21 @@ class Trainer:
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints",
                                          keep=cfg.checkpoint_keep, rank=pm.rank)
         torch.manual_seed(_seed(cfg.seed, "dropout", pm.pp_rank, pm.dp_rank))
+
+    def _build(self) -> None:
+        """This rank's model chunks (``self.chunks``), the pipeline schedule and whether it
+        computes the loss (``self.has_loss``)."""
+        plan, pm = self.plan, self.pm
+        self.chunks = [parallelize_stage(plan, self.spec, s, pm, self.precision,
+                                         seed=self.cfg.seed) for s in pm.stages]
+        p = plan.parallel
+        self.schedule = None
+        if p.pp > 1:
+            self.schedule = build_schedule(dict(zip(pm.stages, self.chunks)), pm,
+                                           schedule=p.schedule,
+                                           num_micro_batches=p.num_micro_batches,
+                                           loss_fn=GPT.loss)
+        self.has_loss = has_last_stage(pm)
 
     # ---- logging ---------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -102,6 +108,17 @@ class Trainer:
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = lr
+        local = self._forward_backward(step)
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        pair = torch.stack([local, torch.tensor(float(self.has_loss), device=local.device)])
+        dist.all_reduce(pair)
+        return (pair[0] / pair[1]).item()
+
+    def _forward_backward(self, step: int) -> torch.Tensor:
+        """Every micro-batch of step ``step``, gradients ready for the optimizers; returns
+        this rank's mean loss (zero where it computes none)."""
         p = self.plan.parallel
         inputs, targets = local_batch(self.data, step, dp=self.pm.dp, dp_rank=self.pm.dp_rank,
                                       device=self.pm.device)
@@ -121,12 +138,7 @@ class Trainer:
                 loss = chunk(x, y)
                 (loss / n).backward()
                 local += loss.detach().float() / n
-        for opt in self.optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        pair = torch.stack([local, torch.tensor(float(self.has_loss), device=local.device)])
-        dist.all_reduce(pair)
-        return (pair[0] / pair[1]).item()
+        return local
 
     # ---- fault injection (testing only) ----------------------------------------------------
     def _fault(self, kind: str, step: int) -> bool:
@@ -212,7 +224,7 @@ class Trainer:
             if self._fault("kill", step):
                 _sigkill()
         probe.finish()
-        memory = [None] * pm.mesh.size()
+        memory = [None] * dist.get_world_size()
         dist.all_gather_object(memory, {"rank": pm.rank, **probe.to_dict()})
         if pm.rank != 0 or not records:
             return None

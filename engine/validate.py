@@ -154,5 +154,10 @@ def check_all(plan: Plan, source: str, *, world_size: int,
     check_world(plan, source, world_size=world_size, local_world_size=local_world_size)
     check_device(plan, source, local_world_size=local_world_size)
     spec = check_model(plan, source)
-    check_engine_support(plan, spec, source)
+    from engine.staged import check_staged_support, runs_per_op
+
+    if runs_per_op(plan):
+        check_staged_support(plan, spec, source)
+    else:
+        check_engine_support(plan, spec, source)
     return spec

@@ -7,8 +7,9 @@ The plan says, self-contained, what the engine must build (:mod:`autoplan.plan`)
   node) as ``tp``, so the current engine can run it when its placements are ones it
   supports; otherwise ``layout="stages"``, each stage on its own submesh with axes
   ``a0``, ``a1``.
-* every parameter's placement on its stage's axes (what its reading op's strategy gives it;
-  under ZeRO-3, ``Shard(0)`` along the data axes it is replicated on, as FSDP shards);
+* every parameter's placement on its stage's axes when it is computed with (what its reading
+  op's strategy gives it); ZeRO is the stage's ``zero``, applied by the engine along the
+  stage's data axes (:mod:`engine.zero`), not written into the placements;
 * per stage: ZeRO stage, data axes, micro-batch per data-parallel rank, recomputed layers,
   the placement of every op the search chose (others follow their input), and the stage's
   predicted seconds and bytes per micro-batch.
@@ -113,12 +114,6 @@ def _param_and_activation_placements(result: SearchResult, st: StageChoice, micr
                     acts[names[a]] = {ax: dtensor_placement(pl)
                                       for ax, pl in zip(axis_names, spec)}
     data = tuple(axis_names[a] for a in sorted(data_axes) if st.mesh.shape[a] > 1)
-    if st.zero == 3:
-        for fqn, axes in params.items():
-            for ax in data:
-                if axes.get(ax) == "Replicate()":
-                    axes[ax] = "Shard(0)"
-                    break
     return params, acts, data
 
 

@@ -1,0 +1,307 @@
+"""Run a search plan: per-op placements through DTensor, stages on submeshes of any shape.
+
+A plan written by the search (``planner.name == "auto"``, layout ``"uniform"`` or
+``"stages"``) gives each stage its own logical mesh, placements per parameter and per op,
+data axes and ZeRO stage (:mod:`autoplan.plan`). This runtime executes it as it is written;
+the uniform planner's plans keep the Megatron-style runtime of :mod:`engine.parallelize`.
+
+Per stage (this rank runs exactly one):
+
+1. **Mesh** — a ``DeviceMesh`` over the stage's ranks, shaped ``mesh_shape``, axes
+   ``axis_names`` (:func:`engine.placements.build_stage_meshes`; every rank builds all).
+2. **Parameters** — the chunk is built on meta (:func:`engine.model.build_chunk`), each
+   parameter becomes a DTensor with its planned placements, further sharded at rest by the
+   stage's ZeRO along its data axes (:mod:`engine.zero`); module outputs the search placed
+   get a redistribution hook (:func:`engine.placements.activation_hooks`).
+3. **Checkpointing** — ``checkpoint_wrapper`` on the stage's ``checkpoint_layers``.
+4. **Materialise** — :func:`engine.model.materialize` (same initial values as any layout).
+5. **Schedule** — micro-batch ``i`` of ``B = global_batch / num_micro_batches`` samples:
+   the first stage takes its rows of the tokens as a DTensor sharded on the data axes, each
+   stage runs forward on DTensors (``implicit_replication`` for tensors built inside the
+   model), sends its output rows to the ranks of the next stage that need them
+   (:mod:`engine.transfer`), and the last stage computes the mean loss. Backward runs in the
+   order of the plan's schedule — GPipe (all forwards, then all backwards) or 1F1B
+   (``S - s - 1`` warm-up forwards on stage ``s`` of ``S``, then one forward and one
+   backward alternately, Narayanan et al. 2019) — sending input gradients back the same way.
+   Losses are scaled by ``1 / num_micro_batches``, so gradients are those of the mean loss.
+6. **Step** — ZeRO's gradient reduction (:meth:`engine.zero.Zero.end_step`), AdamW on the
+   at-rest parameters.
+
+Not yet executed (refused with a message): interleaved schedules, tied embeddings, Hugging
+Face models, and precisions other than float32 / bfloat16 autocast.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.experimental import implicit_replication
+
+from autoplan.errors import PlanError
+from autoplan.plan import Plan
+from engine import model as model_lib
+from engine.parallelize import apply_checkpointing
+from engine.placements import (StageMesh, activation_hooks, batch_rows, build_stage_meshes,
+                               distribute_parameters, register_cpu_attention)
+from engine.transfer import Boundary, check_routes
+from engine.zero import Zero, at_rest
+
+
+def runs_per_op(plan: Plan) -> bool:
+    """Whether ``plan`` is a search plan (this runtime) rather than a uniform one."""
+    return plan.layout == "stages" or plan.planner.get("name") == "auto"
+
+
+def check_staged_support(plan: Plan, spec, source: str) -> None:
+    """What this runtime executes (module docstring); raises PlanError naming the field."""
+    p = plan.parallel
+    if p.schedule == "interleaved_1f1b" or p.virtual_stages > 1:
+        raise PlanError(f"plan {source}: field 'parallel.schedule': the engine runs search "
+                        f"plans with 'gpipe' or '1f1b', not {p.schedule!r} with "
+                        f"{p.virtual_stages} chunks per rank")
+    if spec.source != "builtin":
+        raise PlanError(f"plan {source}: field 'model': the engine runs search plans of the "
+                        f"built-in GPT family only (this is {spec.source}:{spec.name})")
+    info = model_lib.model_info(spec)
+    if info.tied_embeddings:
+        raise PlanError(f"plan {source}: field 'model.tie_embeddings': search plans with tied "
+                        "embeddings are not executed yet")
+    world = set()
+    for st in plan.stages:
+        if sorted(st.ranks) != list(st.ranks) or len(st.ranks) != _prod(st.mesh_shape):
+            raise PlanError(f"plan {source}: field 'stages[{st.index}].ranks': "
+                            f"{list(st.ranks)} must be {_prod(st.mesh_shape)} ascending ranks "
+                            f"for mesh_shape {list(st.mesh_shape)}")
+        if world & set(st.ranks):
+            raise PlanError(f"plan {source}: field 'stages[{st.index}].ranks': a rank runs two "
+                            "stages (only interleaved schedules do that)")
+        world |= set(st.ranks)
+        if len(st.axis_names) != len(st.mesh_shape):
+            raise PlanError(f"plan {source}: field 'stages[{st.index}].axis_names' does not "
+                            f"match mesh_shape {list(st.mesh_shape)}")
+    if world != set(range(plan.world_size)):
+        raise PlanError(f"plan {source}: field 'stages': the stages' ranks do not cover the "
+                        f"world 0..{plan.world_size - 1}")
+    names = [n for st in plan.stages for n in st.layer_names]
+    if names != info.layer_names():
+        raise PlanError(f"plan {source}: field 'stages': layer_names must cover <pre>, "
+                        f"blocks.0..blocks.{info.num_blocks - 1}, <post> in order")
+    if plan.global_batch % p.num_micro_batches:
+        raise PlanError(f"plan {source}: field 'global_batch' {plan.global_batch} is not a "
+                        f"multiple of parallel.num_micro_batches {p.num_micro_batches}")
+    micro = plan.global_batch // p.num_micro_batches
+    for st in plan.stages:
+        split = _prod(st.mesh_shape[st.axis_names.index(a)] for a in st.data_axes
+                      if a in st.axis_names)
+        if micro % split:
+            raise PlanError(f"plan {source}: field 'stages[{st.index}].data_axes': a "
+                            f"micro-batch of {micro} does not split into {split} pieces")
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+class StagedPlace:
+    """Where this rank is (what the trainer's logging, seeding and checkpoints need)."""
+
+    def __init__(self, plan: Plan, stage_meshes: list[StageMesh], device: torch.device):
+        self.rank = dist.get_rank()
+        self.device = device
+        self.num_stages = len(plan.stages)
+        (self.stage,) = [sm.index for sm in stage_meshes if sm.contains(self.rank)]
+        self.stages = (self.stage,)
+        sm = stage_meshes[self.stage]
+        self.sm = sm
+        self.pp_rank = self.stage
+        self.dp_rank = sm.data_index(self.rank)
+        coord = sm.mesh.get_coordinate()
+        self.coord = dict(zip(sm.axis_names, coord))
+
+    def describe(self) -> str:
+        axes = " ".join(f"{a} {c}/{n}" for (a, c), n in zip(self.coord.items(),
+                                                           self.sm.ranks.shape))
+        return (f"rank {self.rank}: stage {self.stage}/{self.num_stages} on "
+                f"{'x'.join(map(str, self.sm.ranks.shape))} ({axes}; data axes "
+                f"{list(self.sm.data_axes) or 'none'}), {self.device}")
+
+
+class StagedStage:
+    """This rank's stage: its chunk, ZeRO, optimizer and links to its neighbours."""
+
+    def __init__(self, plan: Plan, spec, place: StagedPlace, stage_meshes: list[StageMesh],
+                 *, seed: int, autocast_dtype: torch.dtype | None,
+                 op_modules: dict[str, str]):
+        register_cpu_attention()
+        self.plan, self.place = plan, place
+        st = plan.stages[place.stage]
+        sm = stage_meshes[place.stage]
+        self.sm, self.st = sm, st
+        zero = plan.parallel.zero if st.zero is None else st.zero
+        chunk = model_lib.build_chunk(spec, st.layer_names)                     # 1-2
+        compute = distribute_parameters(chunk, plan, st, sm, at_rest(sm, zero))
+        self.hooks = activation_hooks(chunk, st, sm, op_modules)
+        apply_checkpointing(chunk, st.checkpoint_layers)                       # 3
+        model_lib.materialize(chunk, model_lib.initializer(spec), place.device, seed)  # 4
+        if autocast_dtype is not None:
+            chunk.forward = torch.autocast(place.device.type,
+                                           dtype=autocast_dtype)(chunk.forward)
+        chunk.train()
+        self.chunk = chunk
+        self.zero = Zero.attach(chunk, zero, sm, compute)
+        n = len(plan.stages)
+        self.micro = plan.global_batch // plan.parallel.num_micro_batches
+        self.rows = batch_rows(sm, place.rank, self.micro)
+        self.first, self.last = place.stage == 0, place.stage == n - 1
+        self.prev = None if self.first else Boundary(
+            stage_meshes[place.stage - 1], sm, self.micro, place.rank)
+        self.next = None if self.last else Boundary(
+            sm, stage_meshes[place.stage + 1], self.micro, place.rank)
+        check_routes(stage_meshes, self.micro)
+
+    # ---- the actions of a schedule -------------------------------------------------------
+    def forward(self, i: int, inputs: torch.Tensor, targets: torch.Tensor, state: dict,
+                sends: list) -> torch.Tensor | None:
+        """Forward of micro-batch ``i``; returns its loss on the last stage."""
+        sm, pl = self.sm, self.sm.batch_placements()
+        lo, hi = self.rows
+        base = i * self.micro
+        if self.first:
+            local = inputs[base + lo:base + hi]
+        else:
+            local = self.prev.recv(i, self.place.device, backward=False)
+            local.requires_grad_(True)
+        x = DTensor.from_local(local, sm.mesh, pl, run_check=False)
+        with implicit_replication():
+            if self.last:
+                y = DTensor.from_local(targets[base + lo:base + hi], sm.mesh, pl,
+                                       run_check=False)
+                out = self.chunk(x, y)
+            else:
+                out = self.chunk(x)
+                out = out.redistribute(sm.mesh, pl).to_local()
+        state[i] = (local, out)
+        if self.last:
+            return out.to_local() if isinstance(out, DTensor) else out
+        sends.extend(self.next.send(out.detach(), i, backward=False))
+        return None
+
+    def backward(self, i: int, state: dict, sends: list, scale: float) -> None:
+        local, out = state.pop(i)
+        with implicit_replication():
+            if self.last:
+                (out * scale).backward()
+            else:
+                grad = self.next.recv(i, self.place.device, backward=True)
+                torch.autograd.backward(out, grad)
+        if not self.first:
+            sends.extend(self.prev.send(local.grad, i, backward=True))
+
+
+def schedule_actions(schedule: str, stage: int, num_stages: int, m: int
+                     ) -> list[tuple[str, int]]:
+    """The order of ``("F", i)`` / ``("B", i)`` on ``stage``: GPipe, or 1F1B (module
+    docstring). A single stage alternates (nothing to overlap)."""
+    if num_stages == 1:
+        return [a for i in range(m) for a in (("F", i), ("B", i))]
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(num_stages - stage - 1, m)
+    out = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        out += [("F", warm + i), ("B", i)]
+    out += [("B", i) for i in range(m - warm, m)]
+    return out
+
+
+def run_micro_batches(stage: StagedStage, inputs: torch.Tensor, targets: torch.Tensor
+                      ) -> torch.Tensor | None:
+    """One step's forwards and backwards on this rank; the mean loss on the last stage."""
+    p = stage.plan.parallel
+    m = p.num_micro_batches
+    state: dict = {}
+    sends: list = []
+    losses = []
+    stage.zero.begin_step()
+    for kind, i in schedule_actions(p.schedule, stage.place.stage, stage.place.num_stages, m):
+        if kind == "F":
+            loss = stage.forward(i, inputs, targets, state, sends)
+            if loss is not None:
+                losses.append(loss.detach().float())
+        else:
+            stage.backward(i, state, sends, 1.0 / m)
+            stage.zero.after_backward()
+        done = [w for w in sends if w[0].is_completed()]
+        for w in done:
+            sends.remove(w)
+    for work, _ in sends:
+        work.wait()
+    stage.zero.end_step()
+    return torch.stack(losses).mean() if losses else None
+
+
+def trace_op_modules(spec, seq_len: int, dtype: torch.dtype
+                     ) -> dict[str, tuple[str, int, int]]:
+    """Op name -> (leaf module FQN, the op's output rank, the module's output rank), for
+    every op traced inside a leaf module, from the planner's own trace — so the plan's op
+    names mean the same ops here (:func:`engine.placements.activation_hooks`)."""
+    from autoplan.trace import trace
+
+    graph = trace(spec, 1, seq_len, dtype=dtype)
+    by_module: dict[str, list] = {}
+    for name, node in graph.nodes.items():
+        if node.module_path and node.output_meta:
+            by_module.setdefault(node.module_path, []).append((name, node))
+    leaves = {m for m in by_module
+              if not any(o.startswith(m + ".") for o in by_module)}
+    out = {}
+    for module in leaves:
+        ops = by_module[module]
+        out_rank = len(ops[-1][1].output_meta[0].shape)
+        for name, node in ops:
+            out[name] = (module, len(node.output_meta[0].shape), out_rank)
+    return out
+
+
+def _trainer_class():
+    from engine.data import local_batch
+    from engine.train import Trainer
+
+    class StagedTrainer(Trainer):
+        """:class:`engine.train.Trainer` with this module's stage in place of the uniform
+        runtime's chunks and schedule (same loop, metrics, checkpoints)."""
+
+        def __init__(self, plan: Plan, spec, cfg, place: StagedPlace,
+                     stage_meshes: list[StageMesh], *, source: str = "<plan>"):
+            self.stage_meshes = stage_meshes
+            super().__init__(plan, spec, cfg, place, source=source)
+
+        def _build(self) -> None:
+            prec = self.precision
+            op_modules = trace_op_modules(self.spec, self.seq_len, prec.compute)
+            self.stage = StagedStage(self.plan, self.spec, self.pm, self.stage_meshes,
+                                     seed=self.cfg.seed,
+                                     autocast_dtype=prec.compute if prec.autocast else None,
+                                     op_modules=op_modules)
+            self.chunks = [self.stage.chunk]
+            self.schedule = None
+            self.has_loss = self.stage.last
+
+        def _forward_backward(self, step: int) -> torch.Tensor:
+            inputs, targets = local_batch(self.data, step, dp=1, dp_rank=0,
+                                          device=self.pm.device)
+            loss = run_micro_batches(self.stage, inputs, targets)
+            return loss if loss is not None else torch.zeros((), device=self.pm.device)
+
+    return StagedTrainer
+
+
+def execute_staged(plan: Plan, spec, cfg, device: torch.device, *, source: str):
+    """Build every stage mesh, then train this rank's stage (collective)."""
+    meshes = build_stage_meshes(plan, device.type)
+    place = StagedPlace(plan, meshes, device)
+    return _trainer_class()(plan, spec, cfg, place, meshes, source=source).run()
