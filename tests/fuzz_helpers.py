@@ -771,9 +771,8 @@ _JUNK = st.one_of(st.sampled_from(["--bogus", "-x", "--", "-", "--json=1", "--no
                                    "--top-k", "extra", "-o", "--help-me", "--=", "\u00fc"]),
                   st.text(alphabet=string.printable.strip() + "\u00fc\u4e2d", max_size=8))
 #: --set values of the right type for the key (or unknown keys, or no '='): the paths that
-#: reach the tracer. A known key with a value of the wrong type ('layers="2"', 'hidden=1e3')
-#: is a bug in the model configs (autoplan/models), pinned by xfail tests in
-#: tests/test_fuzz_cli.py; it is drawn only where the command fails before the model is built.
+#: reach the tracer; _SETS adds known keys with values of the wrong type ('layers="2"',
+#: 'hidden=1e3'), which the model configs reject (tests/test_fuzz_cli.py pins them).
 _SETS_TYPED = st.one_of(st.sampled_from(["kv_heads=2", "dropout=0.5", "bogus=1", "style=llama",
                                          "style=x", "=3", "noequals", "attention=sdpa",
                                          "attention=flash", "heads=0", "layers=-1",
@@ -781,7 +780,9 @@ _SETS_TYPED = st.one_of(st.sampled_from(["kv_heads=2", "dropout=0.5", "bogus=1",
                                          "n_layer=2"]),
                         st.tuples(_SAFE_NAME, _SAFE_NAME).map("=".join))
 _SETS = st.one_of(_SETS_TYPED, st.sampled_from(['layers="2"', "hidden=1e3", "seq_len=null",
-                                                "vocab_size=[1]", "hidden={}", "n_layer=x"]))
+                                                "vocab_size=[1]", "hidden={}", "n_layer=x",
+                                                "dropout=NaN", "kv_heads=0",
+                                                "tie_embeddings=1", "layers=100000"]))
 
 
 @st.composite
@@ -832,7 +833,7 @@ def cli_argvs(draw, env: CliEnv, *, expensive: bool) -> list[str]:
                 ("--hidden", st.sampled_from(["8", "12", "16", "32", "0"])),
                 ("--heads", st.sampled_from(["1", "2", "3", "4", "0"])),
                 ("--vocab", st.sampled_from(["1", "16", "64", "100"])),
-                ("--set", _SETS_TYPED),
+                ("--set", _SETS),
                 ("--seq-len", st.sampled_from(["1", "8", "13", "16", "0", "-3"])),
                 ("--nodes", st.sampled_from(["1", "2"])),
                 ("--precision", st.sampled_from(["mixed", "fp32"])),

@@ -51,10 +51,16 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         from autoplan.errors import ConfigError
+        from autoplan.models.registry import MAX_LAYERS, check_config_types
 
-        for name in ("vocab_size", "seq_len", "hidden", "layers", "heads"):
+        check_config_types(self, bounds={"layers": (1, MAX_LAYERS)})
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}",
+                              field="model.dropout")
+        for name in ("norm_eps", "rope_theta"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"must be positive, got {getattr(self, name)}", field=f"model.{name}")
+                raise ConfigError(f"must be positive, got {getattr(self, name)}",
+                                  field=f"model.{name}")
         if self.hidden % self.heads:
             raise ConfigError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
                               field="model.heads")

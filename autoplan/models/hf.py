@@ -26,6 +26,7 @@ keeps a 2·b·s² byte attention bias — small next to the 5·a·s/h·sbh of ea
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import ConfigError
-from autoplan.models.registry import ModelSpec
+from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, ModelSpec
 
 _ATTN = ("eager", "sdpa")
 _DROP_KEYS = ("transformers_version", "_name_or_path", "architectures", "id2label",
@@ -49,14 +50,53 @@ def _transformers():
     return transformers
 
 
+#: Size fields (by their standard transformers names) that must be positive integers when
+#: given, with their upper bounds; checked before construction, since transformers accepts
+#: e.g. ``n_layer=-1`` or ``max_position_embeddings="x"`` and divides by others.
+_SIZES = {"num_hidden_layers": MAX_LAYERS, "hidden_size": MAX_SIZE,
+          "num_attention_heads": MAX_SIZE, "num_key_value_heads": MAX_SIZE,
+          "vocab_size": MAX_SIZE, "max_position_embeddings": MAX_SIZE,
+          "intermediate_size": MAX_SIZE}
+_FIELD_IN_MESSAGE = re.compile(r"field '([^']+)'")
+
+
 def _config(model_type: str, values: dict[str, Any], *, source: str = "<hf>"):
+    """``AutoConfig.for_model(model_type, **values)``; an unknown model type, or a value
+    transformers refuses (a wrong type, a size it divides by), is a ConfigError naming the
+    field."""
     transformers = _transformers()
-    try:
-        return transformers.AutoConfig.for_model(model_type, **values)
-    except ValueError as exc:
+    if not isinstance(model_type, str) or model_type not in transformers.CONFIG_MAPPING:
         raise ConfigError(f"unknown Hugging Face model_type {model_type!r} (transformers "
                           f"{transformers.__version__}; e.g. 'gpt2', 'llama', 'mistral', "
-                          "'qwen2')", source=source, field="model.name") from exc
+                          "'qwen2')", source=source, field="model.name")
+    _check_sizes(transformers.CONFIG_MAPPING[model_type], values, source)
+    try:
+        return transformers.AutoConfig.for_model(model_type, **values)
+    except Exception as exc:  # noqa: BLE001 -- TypeError, ValueError, ZeroDivisionError,
+        # huggingface_hub's StrictDataclassFieldValidationError: all a bad value of the user's
+        found = _FIELD_IN_MESSAGE.search(str(exc))
+        key = found.group(1) if found else None
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"{model_type} config refused the value"
+                          f"{f' {values[key]!r}' if key in values else 's'}: {detail}"[:400],
+                          source=source,
+                          field=f"model.config.{key}" if key else "model.config") from None
+
+
+def _check_sizes(config_class: type, values: dict[str, Any], source: str) -> None:
+    """The size fields among ``values`` (under their standard names or the config's own,
+    e.g. GPT-2's ``n_layer``) are positive integers within bounds."""
+    own = getattr(config_class, "attribute_map", {})     # standard name -> attribute
+    for name, high in _SIZES.items():
+        for key in dict.fromkeys((name, own.get(name, name))):
+            value = values.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                shown = repr(value)
+                shown = shown if len(shown) <= 80 else shown[:77] + "..."
+                raise ConfigError(f"must be an integer in [1, {high}], got {shown}",
+                                  source=source, field=f"model.config.{key}")
 
 
 def _check_keys(model_type: str, overrides: dict[str, Any], source: str) -> None:

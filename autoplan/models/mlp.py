@@ -31,10 +31,9 @@ class MLPConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("in_dim", "hidden", "out_dim", "depth", "expansion"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"must be positive, got {getattr(self, name)}",
-                                  field=f"model.{name}")
+        from autoplan.models.registry import MAX_LAYERS, check_config_types
+
+        check_config_types(self, bounds={"depth": (1, MAX_LAYERS), "expansion": (1, 1024)})
         if self.task not in ("regression", "classification"):
             raise ConfigError(f"task must be 'regression' or 'classification', got "
                               f"{self.task!r}", field="model.task")

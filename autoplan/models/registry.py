@@ -29,6 +29,53 @@ from autoplan.errors import ConfigError, UnknownNameError
 #: Where a model spec's model comes from (module docstring).
 SOURCES = ("builtin", "hf", "import")
 
+#: Bounds of a model config's integer fields (sizes, counts): far beyond any real model,
+#: small enough that its weights' element counts stay within int64. Layer counts are bounded
+#: lower (4x DeepNet's 1,000 layers): tracing and planning walk every layer (gpt-tiny with
+#: 1,024 layers takes about a minute to estimate on 2 cores).
+MAX_SIZE = 2 ** 24
+MAX_LAYERS = 2 ** 12
+
+
+def check_config_types(cfg: Any, *, bounds: dict[str, tuple[int, int]] | None = None) -> None:
+    """Check a built-in config dataclass's field values against their annotations, so a
+    wrong-typed value (``--set layers='"2"'``, ``hidden=1e3``, ``seq_len=null``) is a
+    ConfigError naming ``model.<field>``, not a TypeError deep in the model or the tracer.
+
+    ``int`` fields: integers (not booleans) in ``bounds[name]`` (default ``[1, MAX_SIZE]``),
+    ``int | None`` the same or null; ``float``: finite numbers; ``bool``: booleans;
+    ``Literal[...]``: strings (the config checks which).
+    """
+    import math
+    from dataclasses import fields as dc_fields
+
+    bounds = bounds or {}
+    for f in dc_fields(cfg):
+        value, kind, where = getattr(cfg, f.name), str(f.type), f"model.{f.name}"
+        optional = "None" in kind
+        if value is None and optional:
+            continue
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        if kind.startswith("int"):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"must be an integer{' or null' if optional else ''}, got "
+                                  f"{shown}", field=where)
+            low, high = bounds.get(f.name, (1, MAX_SIZE))
+            if not low <= value <= high:
+                raise ConfigError(f"must be an integer in [{low}, {high}], got {shown}",
+                                  field=where)
+        elif kind.startswith("float"):
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value)):
+                raise ConfigError(f"must be a finite number, got {shown}", field=where)
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise ConfigError(f"must be true or false, got {shown}", field=where)
+        elif kind.startswith("Literal"):
+            if not isinstance(value, str):
+                raise ConfigError(f"must be a string, got {shown}", field=where)
+
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -37,6 +37,10 @@ class WRNConfig:
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, check_config_types
+
+        check_config_types(self, bounds={"depth": (1, MAX_LAYERS), "width": (1, 1024),
+                                         "image_size": (1, MAX_SIZE)})
         if self.depth < 10 or (self.depth - 4) % 6:
             raise ConfigError(f"depth must be 6N + 4 with N >= 1, got {self.depth}",
                               field="model.depth")
