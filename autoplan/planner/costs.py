@@ -49,7 +49,7 @@ import numpy as np
 
 from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group, bus_factor
-from autoplan.cost.compute import ComputeModel
+from autoplan.cost.compute import ComputeModel, op_kind
 from autoplan.cost.memory import PRECISION_BYTES
 from autoplan.graph import OpGraph
 from autoplan.planner.mesh import LogicalMesh
@@ -154,6 +154,10 @@ class KindCosts:
     # ops whose inputs need no gradient (parameters, batch inputs, or such ops): a Partial
     # gradient reaching them is left partial and summed with the parameter gradients once
     # per step (an embedding of positions broadcast over a data-parallel batch)
+    tp_matmuls: list[np.ndarray] = field(default_factory=list)
+    # per anchor, per candidate: matmuls reading a parameter sharded along an axis of size
+    # > 1 (tensor parallelism; what DTensor's per-module work is counted by on shared cores,
+    # :mod:`autoplan.cost.shared_cores`)
 
     def index(self, pos: int) -> int:
         return self.anchors.index(pos)
@@ -266,10 +270,10 @@ class CostModel:
         structure = self._structure(kg, mesh.shape, exported)
         anchors = kg.anchors
         cand, fwd, bwd, act, psi, gathered, out_specs = [], [], [], [], [], [], []
-        cfwd, cbwd, internal = [], [], []
+        cfwd, cbwd, internal, tp_mm = [], [], [], []
         in_info: dict[tuple[int, int], tuple[int, list, list]] = {}
         for ai, a in enumerate(anchors):
-            keep, f_l, b_l, act_l, psi_l, g_l = [], [], [], [], [], []
+            keep, f_l, b_l, act_l, psi_l, g_l, mm_l = [], [], [], [], [], [], []
             cf_l, cb_l, in_l = [], [], []
             outs: dict[tuple[int, int], list] = {}
             ins: dict[tuple[int, int], tuple[list, list]] = {}
@@ -295,6 +299,7 @@ class CostModel:
                                  for nb, batchy, shard in rec.saved))
                 psi_l.append(rec.pvec)
                 g_l.append(rec.gbytes)
+                mm_l.append(rec.tp_matmuls)
                 for key, spec in rec.o_specs.items():
                     outs.setdefault(key, []).append(spec)
                 for key, val in rec.i_specs.items():
@@ -314,6 +319,7 @@ class CostModel:
             act.append(np.array(act_l))
             psi.append(np.array(psi_l).reshape(len(keep), len(BUCKETS)))
             gathered.append(np.array(g_l))
+            tp_mm.append(np.array(mm_l, dtype=int))
             out_specs.append(outs)
             for key, (specs, spl) in ins.items():
                 in_info[key] = (ai, specs, spl)
@@ -334,7 +340,8 @@ class CostModel:
                                         else 1.0)
                 edges.append(TensorEdge(u, src.ref, src.output, v, m, q, nbytes))
         return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
-                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg))
+                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
+                         tp_mm)
 
     def _structure(self, kg: KindGraph, sizes: tuple[int, int], exported: frozenset[int]
                    ) -> list[list[tuple[int, "_Candidate"]]]:
@@ -399,6 +406,10 @@ class CostModel:
             out0 = next((o for o, pshape, m in zip(s.outputs, info.output_shapes,
                                                    node.output_meta)
                          if o is not None and _scaled(pshape, m)), None)
+            if out0 is None:     # a reduction over the batch (the loss): its batch input
+                out0 = next((i for i, pshape, m, act in zip(s.inputs, info.input_shapes,
+                                                            node.input_meta, acts)
+                             if act and _scaled(pshape, m)), None)
             batch_split = math.prod(sizes[x] for x in range(AXES) if split[x] and out0
                                     is not None and shard_dim(out0[x]) == 0)
             rec.ops.append((node.name, n_split // batch_split, batch_split, batchy))
@@ -427,8 +438,13 @@ class CostModel:
             for q, spec in enumerate(s.inputs):
                 rec.i_specs[(pos, q)] = (spec, split)
             # parameters read by this op (directly or through a view of it)
+            tp_matmul = False
             for q, src in enumerate(info.inputs):
                 fqn, pspec = _param_spec(kg, src, s.inputs[q])
+                if fqn is not None and pspec is not None and node.params and \
+                        op_kind(node) == "matmul" and any(
+                            pspec[x].startswith("S") and sizes[x] > 1 for x in range(AXES)):
+                    tp_matmul = True
                 if fqn is None or fqn in seen_params:
                     continue
                 if pspec is None:
@@ -444,6 +460,7 @@ class CostModel:
                              and not pspec[x].startswith("S") and split[x])
                 rec.pvec[BUCKETS.index(sync)] += local
                 rec.gbytes += local * self.param_bytes
+            rec.tp_matmuls += tp_matmul
         return rec
 
 
@@ -459,6 +476,7 @@ class _Candidate:
     saved: list[tuple[int, bool, int]] = field(default_factory=list)   # (bytes, batchy, shard)
     pvec: list[float] = field(default_factory=lambda: [0.0] * len(BUCKETS))
     gbytes: float = 0.0
+    tp_matmuls: int = 0
     o_specs: dict = field(default_factory=dict)
     i_specs: dict = field(default_factory=dict)
 

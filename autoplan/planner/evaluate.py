@@ -111,6 +111,9 @@ class StageCost:
     zero: int
     mesh: LogicalMesh
     layer_comm: dict = field(default_factory=dict)   # kind -> (fwd Buckets, bwd Buckets)
+    cpu_tp_fwd: float = 0.0               # layer communication on shared cores (composer)
+    cpu_tp_bwd: float = 0.0
+    modules: int = 0                      # the stage's root and its blocks (FSDP's units)
 
 
 class Evaluator:
@@ -135,12 +138,16 @@ class Evaluator:
     # ---- communication of one layer ------------------------------------------------------
     def _edge_buckets(self, kc_u: KindCosts, kc_v: KindCosts, edges: list[TensorEdge],
                       cu: tuple[int, ...], cv: tuple[int, ...], fwd: Buckets, bwd: Buckets,
-                      moved: dict[int, tuple[int, ...]]) -> None:
+                      moved: dict[int, tuple[int, ...]],
+                      counts: dict | None = None) -> None:
         """Add the collectives of ``edges`` under choices ``cu``/``cv``; Partial gradients
         into one producer group (a tensor and its views) summed once; Partial gradients into
-        a sink deferred (``moved``: anchor of the sink -> extra sync axes)."""
+        a sink deferred (``moved``: anchor of the sink -> extra sync axes). ``counts``
+        (bucket -> collectives) counts a gradient summed once for several consumers once
+        per consumer, as per-module DTensor issues them (:meth:`cpu_layer_time`)."""
         shape = kc_v.mesh.shape
         done: set[tuple[int, int]] = set()
+        tally = counts if counts is not None else {}
         for e in edges:
             src = kc_u.out_spec[e.u][(e.p, e.o)][cu[e.u]]
             _, dsts, spl = kc_v.in_info[(e.m, e.q)]
@@ -148,24 +155,29 @@ class Evaluator:
             if src is None or dst is None:
                 continue
             for c in conversions(src, dst, shape):
-                fwd[("fwd", c.collective, c.axis)] = fwd.get(("fwd", c.collective, c.axis), 0.0) \
-                    + e.nbytes / c.divisor
+                key = ("fwd", c.collective, c.axis)
+                fwd[key] = fwd.get(key, 0.0) + e.nbytes / c.divisor
+                tally[key] = tally.get(key, 0) + 1
             g, r = grad_spec(dst, sp), required_grad(src)
             for c in conversions(g, r, shape):
+                key = ("bwd", c.collective, c.axis)
                 if g[c.axis] == "P":
                     if passes_partial(kc_u.kg, e.p, kc_u.cand[e.u][cu[e.u]], c.axis):
                         continue                  # reduce-scattered by the gathering view
                     if e.p in kc_u.sinks:
                         moved[e.u] = tuple(sorted(set(moved.get(e.u, ())) | {c.axis}))
                         continue
+                    tally[key] = tally.get(key, 0) + 1
                     if (e.u, c.axis) in done:      # views of one tensor: summed once
                         continue
                     done.add((e.u, c.axis))
-                key = ("bwd", c.collective, c.axis)
+                else:
+                    tally[key] = tally.get(key, 0) + 1
                 bwd[key] = bwd.get(key, 0.0) + e.nbytes / c.divisor
 
     def layer_buckets(self, kind: str, mesh: LogicalMesh, micro_batch: int,
-                      choice: tuple[int, ...]) -> tuple[Buckets, Buckets, dict]:
+                      choice: tuple[int, ...], counts: dict | None = None
+                      ) -> tuple[Buckets, Buckets, dict]:
         kc = self.kind_costs(kind, mesh, micro_batch)
         fwd: Buckets = {}
         bwd: Buckets = {}
@@ -173,20 +185,22 @@ class Evaluator:
             for d, coll, axis, nbytes in kc.internal[ai][j]:
                 target = fwd if d == "fwd" else bwd
                 target[(d, coll, axis)] = target.get((d, coll, axis), 0.0) + nbytes
+                if counts is not None:
+                    counts[(d, coll, axis)] = counts.get((d, coll, axis), 0) + 1
         moved: dict[int, tuple[int, ...]] = {}
-        self._edge_buckets(kc, kc, kc.edges, choice, choice, fwd, bwd, moved)
+        self._edge_buckets(kc, kc, kc.edges, choice, choice, fwd, bwd, moved, counts)
         return fwd, bwd, moved
 
     def transition_buckets(self, ka: str, kb: str, mesh: LogicalMesh, micro_batch: int,
-                           ca: tuple[int, ...], cb: tuple[int, ...]) -> tuple[Buckets, Buckets,
-                                                                             dict]:
+                           ca: tuple[int, ...], cb: tuple[int, ...],
+                           counts: dict | None = None) -> tuple[Buckets, Buckets, dict]:
         kc_a = self.kind_costs(ka, mesh, micro_batch)
         kc_b = self.kind_costs(kb, mesh, micro_batch)
         fwd: Buckets = {}
         bwd: Buckets = {}
         moved: dict[int, tuple[int, ...]] = {}
         self._edge_buckets(kc_a, kc_b, transition_edges(self.ms, (ka, kb), kc_a, kc_b),
-                           ca, cb, fwd, bwd, moved)
+                           ca, cb, fwd, bwd, moved, counts)
         return fwd, bwd, moved
 
     def transition_time(self, ka: str, kb: str, mesh: LogicalMesh, micro_batch: int,
@@ -203,6 +217,31 @@ class Evaluator:
         return sum(self.cm.coll(coll, nbytes, mesh.group((axis,)))
                    for (_, coll, axis), nbytes in sorted(buckets.items()))
 
+    # ---- ranks sharing CPU cores ---------------------------------------------------------
+    @property
+    def composer(self):
+        """The cluster's :class:`~autoplan.cost.shared_cores.SharedCoreComposer` when its
+        ranks share CPU cores (None otherwise): the Estimator composes its predictions with
+        it, and so does :meth:`predict`."""
+        comp = getattr(self.cm.provenance, "composer", None)
+        return comp if comp is not None and comp.share < 1 else None
+
+    def cpu_layer_time(self, buckets: Buckets, counts: dict, mesh: LogicalMesh,
+                       tp_matmuls: int) -> float:
+        """One direction of a layer's communication on shared cores, as
+        :mod:`autoplan.cost.shared_cores` counts the engine's DTensor TP: each bucket's
+        bytes in as many collectives as consumers issue them, and DTensor's per-module work
+        (half of ``tp_matmul_overhead_s`` per sharded matmul and direction, at the share)."""
+        comp = self.composer
+        t = tp_matmuls * comp.tp_matmul_overhead_s / 2 / comp.share
+        for key, nbytes in sorted(buckets.items()):
+            if nbytes <= 0:
+                continue
+            _, coll, axis = key
+            n = max(counts.get(key, 1), 1)
+            t += n * self.cm.coll(coll, nbytes / n, mesh.group((axis,)))
+        return t
+
     # ---- one stage -------------------------------------------------------------------------
     def stage_cost(self, st: StageChoice, micro_batch: int, *, last: bool,
                    cross_node: bool) -> StageCost:
@@ -214,7 +253,9 @@ class Evaluator:
         ms, mesh = self.ms, st.mesh
         fwd = bwd = tp_f = tp_b = act = peak = gathered = 0.0
         psi = np.zeros(len(BUCKETS))
-        comm_cache: dict[tuple[str, str | None], tuple[float, float, dict, dict]] = {}
+        comm_cache: dict[tuple[str, str | None], tuple] = {}
+        composer = self.composer
+        cpu_f = cpu_b = 0.0
         for l in range(st.start, st.end):
             kind = ms.layer_kind[l]
             prev = ms.layer_kind[l - 1] if l > st.start else None
@@ -222,21 +263,29 @@ class Evaluator:
             ch = st.of(kind)
             key = (kind, prev)
             if key not in comm_cache:
-                f_b, b_b, moved = self.layer_buckets(kind, mesh, micro_batch, ch)
+                counts: dict | None = {} if composer is not None else None
+                f_b, b_b, moved = self.layer_buckets(kind, mesh, micro_batch, ch, counts)
                 if prev is not None:
                     tf, tb, moved_t = self.transition_buckets(prev, kind, mesh, micro_batch,
-                                                              st.of(prev), ch)
+                                                              st.of(prev), ch, counts)
                     for k, v in tf.items():
                         f_b[k] = f_b.get(k, 0.0) + v
                     for k, v in tb.items():
                         b_b[k] = b_b.get(k, 0.0) + v
                 else:
                     moved_t = {}
+                cpu = (0.0, 0.0)
+                if composer is not None:
+                    mm = sum(int(kc.tp_matmuls[ai][j]) for ai, j in enumerate(ch))
+                    cpu = (self.cpu_layer_time(f_b, counts, mesh, mm),
+                           self.cpu_layer_time(b_b, counts, mesh, mm))
                 comm_cache[key] = (self._time(f_b, mesh), self._time(b_b, mesh), moved,
-                                   moved_t)
-            lf, lb, moved, moved_t = comm_cache[key]
+                                   moved_t, cpu)
+            lf, lb, moved, moved_t, cpu = comm_cache[key]
             tp_f += lf
             tp_b += lb
+            cpu_f += cpu[0]
+            cpu_b += cpu[1]
             recompute = st.checkpoint and ms.is_block[l]
             layer_psi = np.zeros(len(BUCKETS))
             layer_act = 0.0
@@ -278,8 +327,9 @@ class Evaluator:
                 / self.b0 / mesh.size
             send = self.cm.coll("send_recv", out_bytes,
                                 Group(size=2, ranks_per_node=1 if cross_node else 2))
+        modules = 1 + sum(bool(ms.is_block[l]) for l in range(st.start, st.end))
         return StageCost(fwd, bwd, tp_f, tp_b, send, act, peak, psi, gathered, st.checkpoint,
-                         st.zero, mesh)
+                         st.zero, mesh, cpu_tp_fwd=cpu_f, cpu_tp_bwd=cpu_b, modules=modules)
 
     def _imported(self, st: StageChoice, l: int, micro_batch: int) -> float:
         """Saved bytes of what layer ``l`` reads from layer ``l - 1``, as it places them."""
@@ -352,7 +402,7 @@ class Evaluator:
         pp_comm = m * sum(2 * c.send for c in sc)
         bubble = max(0.0, pipeline - compute - recompute - tp_comm - pp_comm)
 
-        dp_exposed, opt_time, per_stage = [], [], []
+        dp_exposed, opt_time, per_stage, syncs = [], [], [], []
         for d, cs in enumerate(dev_chunks):
             mesh = cs[0].mesh
             psi = sum(c.psi for c in cs)
@@ -363,6 +413,7 @@ class Evaluator:
             t_reduce = sum(cm.coll("all_reduce", psi[b] * REDUCE_BYTES, groups[b])
                            for b in range(len(BUCKETS)) if groups[b].size > 1)
             exposed = _exposed(t_reduce, last_bwd) if t_reduce > 0 else 0.0
+            t_gather = 0.0
             if zero == 3:
                 t_gather = sum(cm.coll("all_gather", psi[b] * cm.param_bytes, groups[b])
                                for b in range(len(BUCKETS)) if groups[b].size > 1)
@@ -372,6 +423,7 @@ class Evaluator:
             dsize = np.array([g.size for g in groups], dtype=float)
             local = float((psi / dsize).sum()) if zero >= 1 else float(psi.sum())
             opt_time.append(cm.compute.optimizer_time(local))
+            syncs.append((t_reduce, t_gather, local))
             p_b, g_b, o_b = cm.state_bytes
             params = float(sum(psi[b] * p_b / (dsize[b] if zero >= 3 else 1)
                                for b in range(len(BUCKETS))))
@@ -400,16 +452,54 @@ class Evaluator:
             * gb / self.b0
         world = self.devices(p)
         peak = cm.compute.peak
+        time = TimeBreakdown(compute=compute, recompute=recompute, tp_comm=tp_comm,
+                             dp_comm=dp_comm, pp_comm=pp_comm, bubble=bubble,
+                             optimizer=optimizer)
+        if self.composer is not None:
+            step, time = self._shared_cores(p, dev_chunks, syncs, step)
         return self._calibrated(Prediction(
             step_time_s=step, tokens_per_s=tokens / step, samples_per_s=gb / step,
             model_tflops_per_device=model_flops / step / world / 1e12,
             hardware_tflops_per_device=(model_flops + recompute_flops) / step / world / 1e12,
             mfu=model_flops / step / world / peak, memory=worst,
             memory_limit_bytes=self.cm.cluster.device.memory_bytes,
-            time=TimeBreakdown(compute=compute, recompute=recompute, tp_comm=tp_comm,
-                               dp_comm=dp_comm, pp_comm=pp_comm, bubble=bubble,
-                               optimizer=optimizer),
-            memory_per_stage=tuple(per_stage)))
+            time=time, memory_per_stage=tuple(per_stage)))
+
+    def _shared_cores(self, p: PipelineChoice, dev_chunks: list[list[StageCost]],
+                      syncs: list[tuple[float, float, float]], step: float
+                      ) -> tuple[float, TimeBreakdown]:
+        """The step on ranks sharing CPU cores (:mod:`autoplan.cost.shared_cores`, as the
+        Estimator composes it): ``max(T_cap, share x step)``, T_cap the mean over ranks of
+        each rank's work (pipeline rank d's, on each of its submesh's devices: a mean
+        weighted by submesh size, which for equal submeshes is the Estimator's mean over
+        pipeline ranks). Returns (step, breakdown: the mean rank's terms, bubble the rest)."""
+        comp = self.composer
+        cm = self.cm
+        m = p.num_micro_batches
+        keys = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "optimizer")
+        total = dict.fromkeys(keys, 0.0)
+        devices = 0
+        for cs, (t_reduce, t_gather, local) in zip(dev_chunks, syncs):
+            n = cs[0].mesh.size
+            w = dict.fromkeys(keys, 0.0)
+            for c in cs:
+                w["compute"] += m * (c.fwd + c.bwd)
+                w["recompute"] += m * c.fwd if c.checkpoint else 0.0
+                w["tp_comm"] += m * (c.cpu_tp_fwd + c.cpu_tp_bwd +
+                                     (c.cpu_tp_fwd if c.checkpoint else 0.0))
+                w["pp_comm"] += m * 2 * c.send
+            if t_reduce > 0:         # data parallel: FSDP's per-module work, and in full
+                w["dp_comm"] += m * sum(c.modules for c in cs) * comp.dp_module_overhead_s \
+                    / comp.share
+                w["dp_comm"] += t_reduce + m * 2 * t_gather
+            w["optimizer"] = comp.optimizer_scale * cm.compute.optimizer_time(local)
+            for k in keys:
+                total[k] += n * w[k]
+            devices += n
+        avg = {k: v / devices for k, v in total.items()}
+        capacity = sum(avg.values())
+        out = max(capacity, comp.share * step)
+        return out, TimeBreakdown(**avg, bubble=out - capacity)
 
     def _calibrated(self, pred: Prediction) -> Prediction:
         """The cluster's calibration factors per term, as the Estimator applies them (the

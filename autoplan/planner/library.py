@@ -6,8 +6,8 @@ kind, the layouts that the intra-op ILP (:mod:`autoplan.planner.intra_op`) finds
 for the whole model on representative logical meshes:
 
 * every ``(W / b, b)`` mesh over the whole cluster (W devices, b dividing the node size)
-  and every ``(M / b, b)`` mesh of one node, at the micro-batch that gives each device
-  about one sample;
+  and every ``(M / b, b)`` mesh of one node (on a one-node cluster also ``1 x 1``, a
+  single-device stage's), at the micro-batch that gives each device about one sample;
 * at memory weights lambda in ``LAMBDAS`` on the whole cluster, 0 on one node (seconds per
   byte: 0 is the fastest layout,
   larger ones trade time for memory — ZeRO-style sharding, tensor parallelism,
@@ -71,9 +71,14 @@ def closest_divisor(n: int, target: int) -> int:
     return min(divs, key=lambda d: (abs(d - target), -d))
 
 
-def library_meshes(world: int, devices_per_node: int) -> list[LogicalMesh]:
+def library_meshes(world: int, devices_per_node: int, nodes: int = 0) -> list[LogicalMesh]:
+    """The meshes the library solves on (module docstring); on one node also the 1 x 1
+    mesh of a single-device stage, on which only replicated layouts are valid."""
     out = []
-    for devices in sorted({world, min(world, devices_per_node)}, reverse=True):
+    sizes = {world, min(world, devices_per_node)}
+    if nodes == 1:
+        sizes.add(1)
+    for devices in sorted(sizes, reverse=True):
         for b in range(1, devices_per_node + 1):
             if devices_per_node % b == 0 and devices % b == 0:
                 out.append(LogicalMesh((devices // b, b), devices_per_node))
@@ -88,7 +93,7 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
     graph = ms.graph
     comp = Composition.of(ms, 0, len(graph.layers))
     dpn = ev.cm.cluster.devices_per_node
-    for mesh in library_meshes(world, dpn):
+    for mesh in library_meshes(world, dpn, ev.cm.cluster.nodes):
         # one node of a larger cluster (a pipeline stage's submesh): the fastest layouts
         whole = mesh.size == world
         micro_batch = closest_divisor(global_batch, mesh.size)

@@ -33,19 +33,20 @@ def megatron_restrict(graph: OpGraph, kc: KindCosts, *, sequence_parallel: bool
     """Per anchor of ``kc``: indices (into its candidate arrays) of the Megatron layouts."""
     kg = kc.kg
     names = graph.layers[kg.layer].nodes
-    tp = kc.mesh.shape[1]
+    dp, tp = kc.mesh.shape
     out = []
     for ai, a in enumerate(kc.anchors):
         ok = []
         for idx, k in enumerate(kc.cand[ai]):
-            if all(_member_ok(graph, kg, names, pos, k, tp, sequence_parallel)
+            if all(_member_ok(graph, kg, names, pos, k, dp, tp, sequence_parallel)
                    for pos in members(kg, a)):
                 ok.append(idx)
         out.append(np.array(ok, dtype=int))
     return out
 
 
-def _member_ok(graph: OpGraph, kg, names, pos: int, k: int, tp: int, sp: bool) -> bool:
+def _member_ok(graph: OpGraph, kg, names, pos: int, k: int, dp: int, tp: int, sp: bool
+               ) -> bool:
     info = kg.ops[pos]
     node = graph.nodes[names[pos]]
     s = info.strategies[k if kg.anchor_of[pos] == pos else kg.follow[pos][k]]
@@ -62,7 +63,9 @@ def _member_ok(graph: OpGraph, kg, names, pos: int, k: int, tp: int, sp: bool) -
             if spec[0] not in ("R", "P"):
                 return False
             continue
-        if spec[0] != ("S0" if batchy else "R") and not (src is None and spec[0] == "P"):
+        # (a size-1 axis carries only Replicate: no data parallelism when dp = 1)
+        if spec[0] != ("S0" if batchy and dp > 1 else "R") and \
+                not (src is None and spec[0] == "P"):
             return False                # (a Partial output: the loss summed over the batch)
     # parameters on the tp axis: as the tracer's roles say
     for q, src in enumerate(info.inputs):

@@ -259,6 +259,10 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     candidates.sort(key=lambda c: c.estimate)
     priced: list[Candidate] = []
     seen = set()
+    # ranks sharing CPU cores: the exact price composes the step for them (bubbles cost
+    # little, overlap hides nothing), which the tables' latencies do not rank by; price them
+    # all (a CPU cluster's candidates are few)
+    limit = len(candidates) if ev.composer is not None else opts.exact_candidates
     for c in candidates:
         if c.choice in seen:
             continue
@@ -266,7 +270,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
         c.prediction = ev.predict(c.choice)
         if c.prediction.memory.total <= c.prediction.memory_limit_bytes:
             priced.append(c)
-        if len(seen) >= opts.exact_candidates:
+        if len(seen) >= limit:
             break
     if not priced:
         raise InfeasibleError(_nothing_fits(ev, cluster, global_batch))

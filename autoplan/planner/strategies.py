@@ -32,6 +32,7 @@ all-reduce or a reduce-scatter is then the ILP's choice). A view of a parameter
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -217,6 +218,15 @@ def dtensor_strategies(mesh, op: RecordedOp,
     from torch.distributed.tensor import DTensor
 
     prop = DTensor._op_dispatcher.sharding_propagator
+    pure = _out_of_place(op.func)
+    if pure is not None:
+        # an in-place op's rule follows the placement ``self`` has at run time (one
+        # strategy for the probe's seed): enumerate its out-of-place twin's, keeping those
+        # that leave ``self``'s placement unchanged
+        twin = dataclasses.replace(op, func=pure)
+        strats = dtensor_strategies(mesh, twin, extra)
+        if strats:
+            return [s for s in strats if s.outputs and s.outputs[0] == s.inputs[0]]
     single = prop.op_single_dim_strategy_funcs.get(op.func)
     full = prop.op_strategy_funcs.get(op.func)
     if single is None and full is None:
@@ -274,6 +284,25 @@ def dtensor_strategies(mesh, op: RecordedOp,
     return out
 
 
+def _out_of_place(func):
+    """``aten.add_.Scalar`` -> ``aten.add.Scalar`` (None if ``func`` is not in place or has
+    no such twin)."""
+    name = func._schema.name.split("::")[-1]
+    if not name.endswith("_") or name.endswith("__") or name.startswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
+    return getattr(packet, func._overloadname, None) if packet is not None else None
+
+
+def _tuple_strategies(args):
+    """A list argument of tensors (``cat``'s) as DTensor's propagator hands it to a strategy
+    function: a ``TupleStrategy`` of their strategies."""
+    from torch.distributed.tensor._op_schema import OpStrategy, TupleStrategy
+
+    return tuple(TupleStrategy(tuple(a)) if isinstance(a, (list, tuple)) and a and
+                 all(isinstance(x, OpStrategy) for x in a) else a for a in args)
+
+
 def _registry_specs(mesh, op: RecordedOp, prop, single, full, extra: dict[int, list[Spec]],
                     seed_override: dict[int, Spec] | None) -> list:
     """OpSpecs from the registry. The runtime schema gets one spec per tensor (a sharded
@@ -311,7 +340,7 @@ def _registry_specs(mesh, op: RecordedOp, prop, single, full, extra: dict[int, l
     info = prop.op_to_schema_info.get(op.func)
     args = pytree.tree_map_only(TensorRef, seed, op.args, is_leaf=is_ref)
     kwargs = pytree.tree_map_only(TensorRef, seed, op.kwargs, is_leaf=is_ref)
-    s_args = pytree.tree_map_only(TensorRef, cands, op.args, is_leaf=is_ref)
+    s_args = _tuple_strategies(pytree.tree_map_only(TensorRef, cands, op.args, is_leaf=is_ref))
     s_kwargs = pytree.tree_map_only(TensorRef, cands, op.kwargs, is_leaf=is_ref)
     schema = OpSchema(op.func, tuple(args), kwargs, schema_info=info)
     s_schema = OpSchema(op.func, tuple(s_args), s_kwargs, schema_info=info)
