@@ -1,0 +1,117 @@
+"""The Alpa-style search against the best uniform plan, priced alike (issue #5).
+
+For each (model, cluster, global batch) the planner runs as ``autoplan plan ... --planner
+auto`` does (:func:`autoplan.api.plan_problem`): the uniform grid, the search, and the guard
+that keeps the uniform configuration (priced by the search's evaluator) when the search
+found nothing faster. The table gives both predicted step times and their ratio, and
+whether the search alone reached it (``guard``: the plan is the uniform baseline because the
+search's own best was slower).
+
+Models: every run of ``benchmarks/megatron_sc21.py`` (GPT 1.7B-39B on 32-512 A100s, eager
+attention and dropout 0.1 as the paper ran them), Llama-3 70B on 64 H100s, GPT-3 175B on
+1024 A100s, and two models whose layers are not alike — a GPT whose vocabulary (256k)
+dwarfs its hidden size (1024), and a Wide-ResNet — plus the built-in small GPT on this
+machine's 4 CPU ranks (whose ranks share cores: the step is composed for them).
+
+Targets: the search's plan is predicted at least as fast as the best uniform plan on every
+model (>= 1.0x), and at least 1.15x faster on one model whose layers are not alike.
+
+    python benchmarks/search_vs_uniform.py [--only NAME ...]
+
+Writes ``benchmarks/results/search_vs_uniform.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import print_table, target, write_results  # noqa: E402
+
+SC21 = dict(attention="eager", dropout=0.1)       # as benchmarks/megatron_sc21.py traces them
+# name, model, overrides, cluster, nodes, global batch, layers alike
+RUNS = [
+    ("gpt-1.7b", "gpt-1.7b", SC21, "dgx-a100", 4, 512, True),
+    ("gpt-3.6b", "gpt-3.6b", SC21, "dgx-a100", 8, 512, True),
+    ("gpt-7.5b", "gpt-7.5b", SC21, "dgx-a100", 16, 512, True),
+    ("gpt-18.4b", "gpt-18.4b", SC21, "dgx-a100", 32, 1024, True),
+    ("gpt-39b", "gpt-39b", SC21, "dgx-a100", 64, 1536, True),
+    ("llama3-70b", "llama3-70b", {}, "dgx-h100", 8, 512, True),
+    ("gpt3-175b", "gpt3-175b", {}, "dgx-a100", 128, 1536, True),
+    ("gpt-v256k-h1024", "gpt", dict(vocab_size=256000, hidden=1024, layers=8, heads=16),
+     "dgx-a100", 2, 32, False),
+    ("wrn-16-8", "wrn-16-8", {}, "dgx-a100", 2, 32, False),
+    ("gpt-small-cpu", "gpt-small", {}, "local-cpu", None, 16, True),
+]
+
+
+def measure(name: str, model: str, overrides: dict, cluster: str, nodes: int | None,
+            batch: int) -> dict:
+    from autoplan.api import plan_problem, prepare
+    from autoplan.models import resolve
+
+    t0 = time.perf_counter()
+    problem = prepare(resolve(model, **overrides), cluster, nodes=nodes, global_batch=batch)
+    plan, result = plan_problem(problem, planner="auto", top_k=0)
+    seconds = time.perf_counter() - t0
+    cmp = plan.comparison
+    auto_s = plan.prediction.step_time_s
+    guard = bool(result.ranked) and result.ranked[0].origin == "uniform baseline"
+    return {
+        "name": name, "model": model, "overrides": overrides, "cluster": cluster,
+        "devices": problem.cluster.world_size, "global_batch": batch,
+        "auto_plan": plan.planner.get("label"), "auto_step_s": auto_s,
+        "auto_memory_gb": plan.prediction.memory.total / 1e9,
+        "stages": len(plan.stages), "schedule": plan.parallel.schedule,
+        "layout": plan.layout,
+        "uniform_plan": cmp.get("parallel"), "uniform_step_s": cmp.get("step_time_s"),
+        "uniform_repriced_s": cmp.get("repriced_step_time_s"),
+        "speedup": cmp.get("step_time_s", float("nan")) / auto_s,
+        "guard": guard, "search_stats": {k: v for k, v in result.stats.items()
+                                         if k in ("units", "device_units", "candidates")},
+        "search_seconds": result.seconds.get("total"), "seconds": seconds,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="run these names only (no results file)")
+    args = ap.parse_args()
+    runs = [r for r in RUNS if not args.only or r[0] in args.only]
+    rows, measurements = [], []
+    for name, model, overrides, cluster, nodes, batch, alike in runs:
+        m = measure(name, model, overrides, cluster, nodes, batch)
+        m["layers_alike"] = alike
+        measurements.append(m)
+        rows.append([name, f"{cluster}" + (f" x{nodes}" if nodes else ""), m["devices"], batch,
+                     m["uniform_plan"], f"{m['uniform_step_s']:.4g}", m["auto_plan"],
+                     f"{m['auto_step_s']:.4g}", f"{m['speedup']:.4f}x",
+                     "yes" if m["guard"] else "", f"{m['seconds']:.0f}"])
+        print(f"{name}: auto {m['auto_step_s']:.5g} s, uniform {m['uniform_step_s']:.5g} s, "
+              f"{m['speedup']:.4f}x ({m['seconds']:.0f} s)", flush=True)
+    print_table("search vs best uniform plan (predicted seconds per step)",
+                ["model", "cluster", "devices", "batch", "uniform plan", "uniform s",
+                 "auto plan", "auto s", "ratio", "guard", "plan s"], rows)
+    if args.only:
+        return 0
+    worst = min(measurements, key=lambda m: m["speedup"])
+    unlike = [m for m in measurements if not m["layers_alike"]]
+    best_unlike = max(unlike, key=lambda m: m["speedup"])
+    targets = [
+        target("search at least as fast as the best uniform plan on every model",
+               "min ratio >= 1.0", f"{worst['speedup']:.4f} ({worst['name']})",
+               all(m["speedup"] >= 1.0 - 1e-9 for m in measurements)),
+        target("at least 1.15x on a model whose layers are not alike",
+               "max ratio >= 1.15", f"{best_unlike['speedup']:.4f} ({best_unlike['name']})",
+               best_unlike["speedup"] >= 1.15),
+    ]
+    write_results("search_vs_uniform", measurements, targets)
+    return 0 if all(t["met"] for t in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
