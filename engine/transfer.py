@@ -5,8 +5,8 @@ batch differently. On both sides the boundary tensor is held batch-major: rank `
 stage holds rows ``[lo_r, hi_r)`` of the micro-batch (:func:`engine.placements.batch_rows`),
 replicated over the stage's non-data axes. :func:`routes` matches every row range a rank
 needs with the ranks that hold it — one message per overlapping (holder, needer) pair, a
-holder chosen among the replicas round-robin by the needer's replica index, so replicas
-share the sending — and the same function routes gradients back (holders and needers
+holder chosen among the replicas round-robin over the needers, so replicas share
+the sending — and the same function routes gradients back (holders and needers
 swapped: every replica that computed an output needs its gradient).
 
 Messages are point-to-point (``isend``/``irecv``; gloo on CPU, NCCL on GPUs) with a small
@@ -49,12 +49,14 @@ def routes(src: StageMesh, dst: StageMesh, micro_batch: int) -> list[Message]:
     """Every message that gives each rank of ``dst`` its rows, from the ranks of ``src``."""
     held = _holders(src, micro_batch)
     out = []
+    j = 0                              # the needer's index over all of dst: spreads senders
     for lo, hi, needers in _holders(dst, micro_batch):
-        for j, r in enumerate(needers):
+        for r in needers:
             for slo, shi, replicas in held:
                 a, b = max(lo, slo), min(hi, shi)
                 if a < b:
                     out.append(Message(src=replicas[j % len(replicas)], dst=r, lo=a, hi=b))
+            j += 1
     return out
 
 

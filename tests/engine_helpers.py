@@ -30,12 +30,23 @@ TINY = dict(vocab_size=128, seq_len=32, hidden=32, layers=4, heads=4, attention=
             dropout=0.0)
 #: The same size in Llama style (RMSNorm, SwiGLU, rotary, grouped-query attention).
 TINY_LLAMA = dict(TINY, style="llama", kv_heads=2, ffn_hidden=64)
-CLUSTER = {"name": "test-cpu", "device": {"name": "cpu-test", "family": "cpu",
-                                          "peak_tflops": {"float32": 0.08, "bfloat16": 0.16}}}
+_SOURCES = {k: "test fixture, not a real device" for k in ("peak_tflops", "memory_gb",
+                                                             "memory_bandwidth_gbps")}
+_LINK = {"kind": "loopback", "bandwidth_gbps": 0.7, "latency_us": 140.0, "nics": 1}
+CLUSTER = {"name": "test-cpu", "nodes": 1, "devices_per_node": 4,
+           "device": {"name": "cpu-test", "family": "cpu", "memory_gb": 6.0,
+                      "memory_bandwidth_gbps": 15.0, "sources": _SOURCES,
+                      "peak_tflops": {"float32": 0.08, "bfloat16": 0.16}},
+           "intra_node": _LINK, "inter_node": dict(_LINK, kind="ethernet")}
 
-CLUSTER_GPU = {"name": "test-gpu", "device": {"name": "gpu-test", "family": "gpu",
-                                              "peak_tflops": {"float32": 60.0,
-                                                              "bfloat16": 900.0}}}
+CLUSTER_GPU = {"name": "test-gpu", "nodes": 1, "devices_per_node": 8,
+               "device": {"name": "gpu-test", "family": "gpu", "memory_gb": 80.0,
+                          "memory_bandwidth_gbps": 2000.0, "sources": _SOURCES,
+                          "peak_tflops": {"float32": 60.0, "bfloat16": 900.0}},
+               "intra_node": {"kind": "nvlink", "bandwidth_gbps": 300.0, "latency_us": 5.0,
+                              "nics": 1},
+               "inter_node": {"kind": "infiniband", "bandwidth_gbps": 25.0,
+                              "latency_us": 10.0, "nics": 8}}
 
 
 @functools.lru_cache(maxsize=None)
