@@ -444,6 +444,26 @@ def test_a_plan_of_stages_with_their_own_submeshes_validates_and_names_fields(sm
     bad["stages"][1]["mesh_shape"] = [6, 3]
     with pytest.raises(Exception, match=r"stages\[1\]\.mesh_shape"):
         Plan.from_dict(bad)
+    assert "engine_gaps" not in plan.planner                 # 1F1B: the engine runs it
+    # interleaved 1F1B over those two submeshes (chunks 0, 2 on the first, 1, 3 on the
+    # second): the engine does not run interleaved stage plans, and the plan says so
+    chunks = []
+    for c, (a, b) in enumerate(((0, 2), (2, 3), (3, 5), (5, n))):
+        mesh = stages[c % 2].mesh
+        chunks.append(StageChoice(a, b, mesh, tuple(
+            (kind, dict(stages[c % 2].choice).get(kind) or dict(stages[1 - c % 2].choice)[kind])
+            for kind in dict.fromkeys(ms.layer_kind[a:b])), 1, False))
+    pc = PipelineChoice(tuple(chunks), 8, 8, "interleaved_1f1b", 2)
+    try:
+        pred = ev.predict(pc)
+    except (KeyError, IndexError, ValueError):
+        pytest.skip("a layout of one kind is not valid on the other submesh")
+    result = SearchResult(pc, pred, [Candidate(pc, pred.step_time_s, "hand", pred)], ev, ms,
+                          base.library, base.seconds, base.stats)
+    plan = _plan(result, problem)
+    assert plan.layout == "stages"
+    (gap,) = plan.planner["engine_gaps"]
+    assert "interleaved" in gap and "layout 'stages'" in gap
 
 
 def test_nothing_fits_is_a_clear_error():
