@@ -5,7 +5,7 @@ A plan written by the search (``planner.name == "auto"``, layout ``"uniform"`` o
 data axes and ZeRO stage (:mod:`autoplan.plan`). This runtime executes it as it is written;
 the uniform planner's plans keep the Megatron-style runtime of :mod:`engine.parallelize`.
 
-Per stage (this rank runs exactly one):
+Per stage (this rank runs one, or ``virtual_stages`` chunks under interleaved 1F1B):
 
 1. **Mesh** — a ``DeviceMesh`` over the stage's ranks, shaped ``mesh_shape``, axes
    ``axis_names`` (:func:`engine.placements.build_stage_meshes`; every rank builds all).
@@ -20,15 +20,15 @@ Per stage (this rank runs exactly one):
    stage runs forward on DTensors (``implicit_replication`` for tensors built inside the
    model), sends its output rows to the ranks of the next stage that need them
    (:mod:`engine.transfer`), and the last stage computes the mean loss. Backward runs in the
-   order of the plan's schedule — GPipe (all forwards, then all backwards) or 1F1B
-   (``S - s - 1`` warm-up forwards on stage ``s`` of ``S``, then one forward and one
-   backward alternately, Narayanan et al. 2019) — sending input gradients back the same way.
+   order of the plan's schedule (:func:`schedule_actions`: GPipe, 1F1B or interleaved 1F1B),
+   sending input gradients back the same way.
    Losses are scaled by ``1 / num_micro_batches``, so gradients are those of the mean loss.
 6. **Step** — ZeRO's gradient reduction (:meth:`engine.zero.Zero.end_step`), AdamW on the
    at-rest parameters.
 
-Not yet executed (refused with a message): interleaved schedules, tied embeddings, Hugging
-Face models, and precisions other than float32 / bfloat16 autocast.
+Interleaved 1F1B (``virtual_stages`` chunks per pipeline rank) runs Megatron-LM's order
+(:func:`schedule_actions`). Not yet executed (refused with a message naming the field): tied
+embeddings and Hugging Face models.
 """
 
 from __future__ import annotations
@@ -56,10 +56,14 @@ def runs_per_op(plan: Plan) -> bool:
 def check_staged_support(plan: Plan, spec, source: str) -> None:
     """What this runtime executes (module docstring); raises PlanError naming the field."""
     p = plan.parallel
-    if p.schedule == "interleaved_1f1b" or p.virtual_stages > 1:
-        raise PlanError(f"plan {source}: field 'parallel.schedule': the engine runs search "
-                        f"plans with 'gpipe' or '1f1b', not {p.schedule!r} with "
-                        f"{p.virtual_stages} chunks per rank")
+    v = p.virtual_stages
+    if v > 1 and p.num_micro_batches % p.pp:
+        raise PlanError(f"plan {source}: field 'parallel.num_micro_batches': interleaved 1F1B "
+                        f"needs a multiple of the {p.pp} pipeline ranks, got "
+                        f"{p.num_micro_batches}")
+    if len(plan.stages) != p.pp * v:
+        raise PlanError(f"plan {source}: field 'stages': {len(plan.stages)} stages for pp="
+                        f"{p.pp} x virtual_stages={v}")
     if spec.source != "builtin":
         raise PlanError(f"plan {source}: field 'model': the engine runs search plans of the "
                         f"built-in GPT family only (this is {spec.source}:{spec.name})")
@@ -73,9 +77,14 @@ def check_staged_support(plan: Plan, spec, source: str) -> None:
             raise PlanError(f"plan {source}: field 'stages[{st.index}].ranks': "
                             f"{list(st.ranks)} must be {_prod(st.mesh_shape)} ascending ranks "
                             f"for mesh_shape {list(st.mesh_shape)}")
-        if world & set(st.ranks):
+        same = plan.stages[st.index % p.pp]
+        if st.index >= p.pp and tuple(st.ranks) != tuple(same.ranks):
+            raise PlanError(f"plan {source}: field 'stages[{st.index}].ranks': chunk "
+                            f"{st.index} runs on pipeline rank {st.index % p.pp}, ranks "
+                            f"{list(same.ranks)}")
+        if st.index < p.pp and world & set(st.ranks):
             raise PlanError(f"plan {source}: field 'stages[{st.index}].ranks': a rank runs two "
-                            "stages (only interleaved schedules do that)")
+                            "pipeline positions")
         world |= set(st.ranks)
         if len(st.axis_names) != len(st.mesh_shape):
             raise PlanError(f"plan {source}: field 'stages[{st.index}].axis_names' does not "
@@ -113,8 +122,9 @@ class StagedPlace:
         self.rank = dist.get_rank()
         self.device = device
         self.num_stages = len(plan.stages)
-        (self.stage,) = [sm.index for sm in stage_meshes if sm.contains(self.rank)]
-        self.stages = (self.stage,)
+        self.pp = plan.parallel.pp
+        self.stages = tuple(sm.index for sm in stage_meshes if sm.contains(self.rank))
+        self.stage = self.stages[0]
         sm = stage_meshes[self.stage]
         self.sm = sm
         self.pp_rank = self.stage
@@ -125,7 +135,8 @@ class StagedPlace:
     def describe(self) -> str:
         axes = " ".join(f"{a} {c}/{n}" for (a, c), n in zip(self.coord.items(),
                                                            self.sm.ranks.shape))
-        return (f"rank {self.rank}: stage {self.stage}/{self.num_stages} on "
+        stages = "/".join(map(str, self.stages))
+        return (f"rank {self.rank}: stage {stages} of {self.num_stages} on "
                 f"{'x'.join(map(str, self.sm.ranks.shape))} ({axes}; data axes "
                 f"{list(self.sm.data_axes) or 'none'}), {self.device}")
 
@@ -134,12 +145,12 @@ class StagedStage:
     """This rank's stage: its chunk, ZeRO, optimizer and links to its neighbours."""
 
     def __init__(self, plan: Plan, spec, place: StagedPlace, stage_meshes: list[StageMesh],
-                 *, seed: int, autocast_dtype: torch.dtype | None,
-                 op_modules: dict[str, str]):
+                 index: int, *, seed: int, autocast_dtype: torch.dtype | None,
+                 op_modules: dict[str, tuple[str, int, int]]):
         register_cpu_attention()
-        self.plan, self.place = plan, place
-        st = plan.stages[place.stage]
-        sm = stage_meshes[place.stage]
+        self.plan, self.place, self.index = plan, place, index
+        st = plan.stages[index]
+        sm = stage_meshes[index]
         self.sm, self.st = sm, st
         zero = plan.parallel.zero if st.zero is None else st.zero
         chunk = model_lib.build_chunk(spec, st.layer_names)                     # 1-2
@@ -156,11 +167,11 @@ class StagedStage:
         n = len(plan.stages)
         self.micro = plan.global_batch // plan.parallel.num_micro_batches
         self.rows = batch_rows(sm, place.rank, self.micro)
-        self.first, self.last = place.stage == 0, place.stage == n - 1
+        self.first, self.last = index == 0, index == n - 1
         self.prev = None if self.first else Boundary(
-            stage_meshes[place.stage - 1], sm, self.micro, place.rank)
+            stage_meshes[index - 1], sm, self.micro, place.rank, link=index - 1)
         self.next = None if self.last else Boundary(
-            sm, stage_meshes[place.stage + 1], self.micro, place.rank)
+            sm, stage_meshes[index + 1], self.micro, place.rank, link=index)
         check_routes(stage_meshes, self.micro)
 
     # ---- the actions of a schedule -------------------------------------------------------
@@ -202,45 +213,75 @@ class StagedStage:
             sends.extend(self.prev.send(local.grad, i, backward=True))
 
 
-def schedule_actions(schedule: str, stage: int, num_stages: int, m: int
-                     ) -> list[tuple[str, int]]:
-    """The order of ``("F", i)`` / ``("B", i)`` on ``stage``: GPipe, or 1F1B (module
-    docstring). A single stage alternates (nothing to overlap)."""
-    if num_stages == 1:
-        return [a for i in range(m) for a in (("F", i), ("B", i))]
-    if schedule == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-    warm = min(num_stages - stage - 1, m)
-    out = [("F", i) for i in range(warm)]
-    for i in range(m - warm):
-        out += [("F", warm + i), ("B", i)]
-    out += [("B", i) for i in range(m - warm, m)]
-    return out
+def schedule_actions(schedule: str, position: int, pp: int, v: int, m: int
+                     ) -> list[tuple[str, int, int]]:
+    """The order of ``(kind, chunk, micro-batch)`` (kind ``"F"``/``"B"``, ``chunk`` the
+    index among this pipeline rank's ``v`` chunks) on pipeline rank ``position`` of ``pp``.
+
+    * one stage: forward and backward alternate (nothing to overlap);
+    * GPipe: all forwards, then all backwards;
+    * 1F1B: ``pp - position - 1`` warm-up forwards, then one forward and one backward
+      alternately, then the remaining backwards (Narayanan et al. 2019);
+    * interleaved 1F1B (``v`` chunks, ``m`` a multiple of ``pp``; Narayanan et al. 2021,
+      Megatron-LM's order): forward ``k`` is micro-batch ``(k // (pp v)) pp + k % pp`` of
+      chunk ``(k // pp) % v``, backward ``k`` the same micro-batch of chunk
+      ``v - 1 - (k // pp) % v``; ``2 (pp - position - 1) + (v - 1) pp`` warm-up forwards.
+    """
+    if pp * v == 1:
+        return [a for i in range(m) for a in (("F", 0, i), ("B", 0, i))]
+    if schedule == "gpipe" and v == 1:
+        return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
+    if v == 1:
+        warm = min(pp - position - 1, m)
+        out = [("F", 0, i) for i in range(warm)]
+        for i in range(m - warm):
+            out += [("F", 0, warm + i), ("B", 0, i)]
+        return out + [("B", 0, i) for i in range(m - warm, m)]
+    total = m * v
+
+    def micro(k: int) -> int:
+        return (k // (pp * v)) * pp + k % pp
+
+    def fwd(k: int) -> tuple[str, int, int]:
+        return ("F", (k // pp) % v, micro(k))
+
+    def bwd(k: int) -> tuple[str, int, int]:
+        return ("B", v - 1 - (k // pp) % v, micro(k))
+
+    warm = min(2 * (pp - position - 1) + (v - 1) * pp, total)
+    out = [fwd(k) for k in range(warm)]
+    for k in range(total - warm):
+        out += [fwd(warm + k), bwd(k)]
+    return out + [bwd(k) for k in range(total - warm, total)]
 
 
-def run_micro_batches(stage: StagedStage, inputs: torch.Tensor, targets: torch.Tensor
+def run_micro_batches(stages: list[StagedStage], inputs: torch.Tensor, targets: torch.Tensor
                       ) -> torch.Tensor | None:
-    """One step's forwards and backwards on this rank; the mean loss on the last stage."""
-    p = stage.plan.parallel
+    """One step's forwards and backwards of this rank's chunks (``stages``, in chunk order);
+    the mean loss where the last stage is."""
+    first = stages[0]
+    p = first.plan.parallel
     m = p.num_micro_batches
-    state: dict = {}
+    states: list[dict] = [{} for _ in stages]
     sends: list = []
     losses = []
-    stage.zero.begin_step()
-    for kind, i in schedule_actions(p.schedule, stage.place.stage, stage.place.num_stages, m):
+    for st in stages:
+        st.zero.begin_step()
+    position = first.index % p.pp
+    for kind, j, i in schedule_actions(p.schedule, position, p.pp, len(stages), m):
+        st = stages[j]
         if kind == "F":
-            loss = stage.forward(i, inputs, targets, state, sends)
+            loss = st.forward(i, inputs, targets, states[j], sends)
             if loss is not None:
                 losses.append(loss.detach().float())
         else:
-            stage.backward(i, state, sends, 1.0 / m)
-            stage.zero.after_backward()
-        done = [w for w in sends if w[0].is_completed()]
-        for w in done:
-            sends.remove(w)
+            st.backward(i, states[j], sends, 1.0 / m)
+            st.zero.after_backward()
+        sends = [w for w in sends if not w[0].is_completed()]
     for work, _ in sends:
         work.wait()
-    stage.zero.end_step()
+    for st in stages:
+        st.zero.end_step()
     return torch.stack(losses).mean() if losses else None
 
 
@@ -283,18 +324,19 @@ def _trainer_class():
         def _build(self) -> None:
             prec = self.precision
             op_modules = trace_op_modules(self.spec, self.seq_len, prec.compute)
-            self.stage = StagedStage(self.plan, self.spec, self.pm, self.stage_meshes,
-                                     seed=self.cfg.seed,
-                                     autocast_dtype=prec.compute if prec.autocast else None,
-                                     op_modules=op_modules)
-            self.chunks = [self.stage.chunk]
+            self.staged = [StagedStage(self.plan, self.spec, self.pm, self.stage_meshes, c,
+                                       seed=self.cfg.seed,
+                                       autocast_dtype=prec.compute if prec.autocast else None,
+                                       op_modules=op_modules)
+                           for c in self.pm.stages]
+            self.chunks = [st.chunk for st in self.staged]
             self.schedule = None
-            self.has_loss = self.stage.last
+            self.has_loss = any(st.last for st in self.staged)
 
         def _forward_backward(self, step: int) -> torch.Tensor:
             inputs, targets = local_batch(self.data, step, dp=1, dp_rank=0,
                                           device=self.pm.device)
-            loss = run_micro_batches(self.stage, inputs, targets)
+            loss = run_micro_batches(self.staged, inputs, targets)
             return loss if loss is not None else torch.zeros((), device=self.pm.device)
 
     return StagedTrainer

@@ -11,7 +11,7 @@ swapped: every replica that computed an output needs its gradient).
 
 Messages are point-to-point (``isend``/``irecv``; gloo on CPU, NCCL on GPUs) with a small
 header (the piece's shape and dtype), so the receiver needs no prior knowledge of shapes.
-Tags keep the micro-batches and the two directions apart.
+Tags keep the boundaries, micro-batches and the two directions apart.
 """
 
 from __future__ import annotations
@@ -60,15 +60,18 @@ def routes(src: StageMesh, dst: StageMesh, micro_batch: int) -> list[Message]:
     return out
 
 
-def _tag(micro_batch_index: int, backward: bool) -> int:
-    return 2 * micro_batch_index + int(backward)
+def _tag(link: int, micro_batch_index: int, backward: bool) -> int:
+    """Distinct per boundary (``link``: stage ``link`` -> ``link + 1``; two boundaries join
+    the same ranks under interleaving), micro-batch and direction."""
+    return (link * 1_000_000 + micro_batch_index) * 2 + int(backward)
 
 
 class Boundary:
     """The link between stage ``a`` and stage ``a + 1`` as this rank sees it."""
 
-    def __init__(self, src: StageMesh, dst: StageMesh, micro_batch: int, rank: int):
-        self.rank = rank
+    def __init__(self, src: StageMesh, dst: StageMesh, micro_batch: int, rank: int, *,
+                 link: int = 0):
+        self.rank, self.link = rank, link
         fwd = routes(src, dst, micro_batch)
         bwd = routes(dst, src, micro_batch)
         self.src_rows = batch_rows(src, rank, micro_batch) if src.contains(rank) else None
@@ -89,7 +92,7 @@ class Boundary:
             header[0] = piece.dim()
             header[1:1 + piece.dim()] = torch.tensor(piece.shape)
             header[-1] = _DTYPES.index(piece.dtype)
-            tag = _tag(index, backward)
+            tag = _tag(self.link, index, backward)
             works.append((dist.isend(header.to(piece.device) if piece.is_cuda else header,
                                      m.dst, tag=tag), header))
             works.append((dist.isend(piece, m.dst, tag=tag), piece))
@@ -99,7 +102,7 @@ class Boundary:
         msgs, (lo, hi) = (self.bwd_recv, self.src_rows) if backward else \
             (self.fwd_recv, self.dst_rows)
         pieces = []
-        tag = _tag(index, backward)
+        tag = _tag(self.link, index, backward)
         for m in sorted(msgs, key=lambda m: m.lo):
             header = torch.zeros(_HEADER, dtype=torch.int64,
                                  device=device if device.type == "cuda" else "cpu")

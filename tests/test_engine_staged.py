@@ -67,19 +67,49 @@ def test_routes_give_every_rank_exactly_its_rows(a, b):
         assert len(senders) >= min(len(one.ranks.flatten()), len(two.ranks.flatten()))
 
 
-def test_schedules_order_forwards_and_backwards():
-    assert schedule_actions("1f1b", 0, 1, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1),
-                                                 ("F", 2), ("B", 2)]
-    gp = schedule_actions("gpipe", 1, 2, 3)
-    assert gp == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
-    first = schedule_actions("1f1b", 0, 3, 4)
-    assert first[:3] == [("F", 0), ("F", 1), ("F", 2)]        # S - s - 1 = 2 warm-up, then 1F1B
-    last = schedule_actions("1f1b", 2, 3, 4)
-    assert last[:2] == [("F", 0), ("B", 0)]
-    for acts in (first, last):
-        assert sorted(acts) == sorted([("F", i) for i in range(4)] + [("B", i) for i in range(4)])
-        for i in range(4):
-            assert acts.index(("F", i)) < acts.index(("B", i))
+def _simulate(schedule, pp, v, m):
+    """Run every pipeline rank's action list with async sends and blocking receives; return
+    the completed actions (a deadlock leaves some undone)."""
+    n = pp * v
+    lists = {r: [(k, r + j * pp, i) for k, j, i in schedule_actions(schedule, r, pp, v, m)]
+             for r in range(pp)}
+    done, pos, progress = set(), {r: 0 for r in range(pp)}, True
+    while progress:
+        progress = False
+        for r, acts in lists.items():
+            while pos[r] < len(acts):
+                kind, c, i = acts[pos[r]]
+                ready = (c == 0 or ("F", c - 1, i) in done) if kind == "F" else \
+                    (("F", c, i) in done and (c == n - 1 or ("B", c + 1, i) in done))
+                if not ready:
+                    break
+                done.add((kind, c, i))
+                pos[r] += 1
+                progress = True
+    return done, n
+
+
+@pytest.mark.parametrize("schedule,pp,v,m", [("1f1b", 1, 1, 3), ("gpipe", 2, 1, 3),
+                                             ("1f1b", 3, 1, 4), ("1f1b", 4, 1, 2),
+                                             ("interleaved_1f1b", 2, 2, 4),
+                                             ("interleaved_1f1b", 4, 2, 8),
+                                             ("interleaved_1f1b", 2, 4, 2)])
+def test_schedules_complete_without_deadlock(schedule, pp, v, m):
+    done, n = _simulate(schedule, pp, v, m)
+    assert done == {(k, c, i) for k in "FB" for c in range(n) for i in range(m)}
+
+
+def test_schedule_orders():
+    assert schedule_actions("1f1b", 0, 1, 1, 2) == [("F", 0, 0), ("B", 0, 0), ("F", 0, 1),
+                                                    ("B", 0, 1)]
+    assert schedule_actions("gpipe", 1, 2, 1, 2) == [("F", 0, 0), ("F", 0, 1), ("B", 0, 0),
+                                                     ("B", 0, 1)]
+    first = schedule_actions("1f1b", 0, 3, 1, 4)
+    assert first[:3] == [("F", 0, 0), ("F", 0, 1), ("B", 0, 0)] or \
+        first[:2] == [("F", 0, 0), ("F", 0, 1)]              # pp - 1 = 2 warm-up forwards
+    assert schedule_actions("1f1b", 2, 3, 1, 4)[:2] == [("F", 0, 0), ("B", 0, 0)]
+    inter = schedule_actions("interleaved_1f1b", 0, 2, 2, 4)
+    assert inter[:4] == [("F", 0, 0), ("F", 0, 1), ("F", 1, 0), ("F", 1, 1)]
 
 
 def test_chunk_sizes_match_torch_chunk():
@@ -92,15 +122,16 @@ def test_chunk_sizes_match_torch_chunk():
             assert _chunk_sizes(n, parts) == want
 
 
-def test_search_plans_take_this_runtime_and_interleaved_is_refused():
+def test_search_plans_take_this_runtime_and_bad_interleaving_is_refused():
     auto = make_plan(dp=2)
     assert not runs_per_op(auto)
     auto = dataclasses.replace(auto, planner={"name": "auto"})
     assert runs_per_op(auto)
     spec = ModelSpec.from_dict(auto.model)
     bad = dataclasses.replace(make_plan(pp=2, schedule="interleaved_1f1b", virtual_stages=2,
-                                        num_micro_batches=4), planner={"name": "auto"})
-    with pytest.raises(PlanError, match="parallel.schedule"):
+                                        num_micro_batches=3, global_batch=6),
+                              planner={"name": "auto"})
+    with pytest.raises(PlanError, match="parallel.num_micro_batches"):
         check_staged_support(bad, spec, "x.json")
 
 
@@ -168,10 +199,21 @@ def _mixed_submeshes(model, batch) -> Plan:
     return plan
 
 
+def _interleaved() -> Plan:
+    """The grid's dp2 x pp2 interleaved 1F1B plan (2 chunks per rank, 4 micro-batches,
+    ZeRO-1) handed to the per-op runtime."""
+    plan = make_plan(dp=2, pp=2, zero=1, schedule="interleaved_1f1b", virtual_stages=2,
+                     num_micro_batches=4, global_batch=8)
+    return dataclasses.replace(plan, planner={"name": "auto"},
+                               stages=[dataclasses.replace(st, data_axes=("dp",))
+                                       for st in plan.stages])
+
+
 @pytest.fixture(scope="module")
 def plans():
     out = {name: _auto(*case) for name, case in CASES.items()}
     out["stages_2x1_zero3_then_1x2_tp"] = _mixed_submeshes(MODEL_A, 4)
+    out["interleaved_dp2_pp2v2"] = _interleaved()
     return out
 
 
@@ -217,7 +259,8 @@ def test_search_chose_what_this_test_is_about(plans):
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("name", [*CASES, "stages_2x1_zero3_then_1x2_tp"])
+@pytest.mark.parametrize("name", [*CASES, "stages_2x1_zero3_then_1x2_tp",
+                                  "interleaved_dp2_pp2v2"])
 def test_search_plan_trains_like_one_process(runs, references, name):
     got = losses(runs / name)
     ref = references[name]
