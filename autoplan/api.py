@@ -34,6 +34,24 @@ from autoplan.planner.uniform import SearchResult, SearchSpace, search_uniform
 ModelLike = str | ModelSpec
 ClusterLike = str | Cluster
 
+#: The largest global batch (samples) planned: the planners enumerate the divisors of the
+#: batch per data-parallel rank, and an absurd batch (10**30) would keep them busy for hours.
+#: The CLI's ``--global-batch`` has the same bound.
+MAX_GLOBAL_BATCH = 2 ** 31
+#: The longest sequence planned (as a model config's sizes, autoplan.models.registry.MAX_SIZE).
+MAX_SEQ_LEN = 2 ** 24
+
+
+def _count(value: Any, name: str, *, low: int = 1, high: int | None = None) -> int:
+    """``value`` as an argument ``name`` that must be an integer in [low, high]: a
+    ConfigError naming it otherwise (never a ZeroDivisionError or an endless search later)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"must be an integer, got {value!r}"[:200], field=name)
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ConfigError(f"must be an integer {bound}, got {value}", field=name)
+    return value
+
 
 @dataclass
 class Problem:
@@ -66,12 +84,14 @@ def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
                           "ModelSpec, so the engine can rebuild it from the plan; "
                           "autoplan.trace.trace_module() traces an in-memory module",
                           field="model")
+    _count(global_batch, "global_batch", high=MAX_GLOBAL_BATCH)
+    if seq_len is not None:
+        _count(seq_len, "seq_len", high=MAX_SEQ_LEN)
+    if nodes is not None:
+        _count(nodes, "nodes")
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
-    if not isinstance(global_batch, int) or global_batch < 1:
-        raise ConfigError(f"must be a positive integer, got {global_batch!r}",
-                          field="global_batch")
     if precision is None:
         precision = "fp32" if clus.device.name.lower().startswith("cpu") else "mixed"
     if precision not in ("mixed", "fp32"):
@@ -221,6 +241,10 @@ def optimize(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     :class:`~autoplan.planner.search.SearchOptions`). Raises InfeasibleError (with the memory it
     would need) if nothing fits.
     """
+    _count(top_k, "top_k", low=0)
+    if planner not in PLANNERS:
+        raise ConfigError(f"must be one of {', '.join(PLANNERS)}, got {planner!r}"[:200],
+                          field="planner")
     problem = prepare(model, cluster, global_batch=global_batch, nodes=nodes, seq_len=seq_len,
                       precision=precision)
     plan, _ = plan_problem(problem, space=space, top_k=top_k, planner=planner,
@@ -237,10 +261,31 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     """The prediction for one configuration the user gives, as a Plan (check ``fits(plan)``).
 
     ``dp`` defaults to world / (tp·pp); the number of micro-batches follows from the global
-    batch: ``m = global_batch / (dp · micro_batch)``.
+    batch: ``m = global_batch / (dp · micro_batch)``. A degree or size that is not a positive
+    integer, or degrees that do not multiply to the cluster's devices, raise ConfigError
+    naming the argument (before the model is traced).
     """
-    problem = problem or prepare(model, cluster, global_batch=global_batch, nodes=nodes,
-                                 seq_len=seq_len, precision=precision)
+    from autoplan.plan import SCHEDULES
+
+    for name, value in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch),
+                        ("virtual_stages", virtual_stages)):
+        _count(value, name)
+    if dp is not None:
+        _count(dp, "dp")
+    if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
+        raise ConfigError(f"must be 0, 1, 2 or 3, got {zero!r}"[:200], field="zero")
+    if not isinstance(sequence_parallel, bool):
+        raise ConfigError(f"must be True or False, got {sequence_parallel!r}"[:200],
+                          field="sequence_parallel")
+    if checkpoint not in ("none", "full"):
+        raise ConfigError(f"must be 'none' or 'full', got {checkpoint!r}"[:200],
+                          field="checkpoint")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"must be one of {', '.join(SCHEDULES)}, got {schedule!r}"[:200],
+                          field="schedule")
+    if problem is None:
+        problem = prepare(model, cluster, global_batch=global_batch, nodes=nodes,
+                          seq_len=seq_len, precision=precision)
     world = problem.cluster.world_size
     if dp is None:
         if world % (tp * pp):
@@ -253,7 +298,8 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     per_rank, rem = divmod(problem.global_batch, dp * micro_batch)
     if rem or per_rank < 1:
         raise ConfigError(f"global batch {problem.global_batch} is not divisible by dp * "
-                          f"micro_batch = {dp * micro_batch}", field="micro_batch")
+                          f"micro_batch = {dp} * {micro_batch} = {dp * micro_batch}",
+                          field="micro_batch")
     parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sequence_parallel,
                               micro_batch=micro_batch, num_micro_batches=per_rank,
                               schedule=schedule, virtual_stages=virtual_stages,
