@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.experimental import implicit_replication
 
 from autoplan.errors import PlanError
@@ -163,7 +163,10 @@ class StagedStage:
                                            dtype=autocast_dtype)(chunk.forward)
         chunk.train()
         self.chunk = chunk
-        self.zero = Zero.attach(chunk, zero, sm, compute)
+        # plain data parallelism (every weight replicated, ZeRO 0-2) skips DTensor
+        self.local = zero != 3 and all(isinstance(p, Replicate)
+                                       for pl in compute.values() for p in pl)
+        self.zero = Zero.attach(chunk, zero, sm, compute, local=self.local)
         n = len(plan.stages)
         self.micro = plan.global_batch // plan.parallel.num_micro_batches
         self.rows = batch_rows(sm, place.rank, self.micro)
@@ -186,6 +189,16 @@ class StagedStage:
         else:
             local = self.prev.recv(i, self.place.device, backward=False)
             local.requires_grad_(True)
+        if self.local:
+            if self.last:
+                out = self.chunk(local, targets[base + lo:base + hi])
+            else:
+                out = self.chunk(local)
+            state[i] = (local, out)
+            if self.last:
+                return out
+            sends.extend(self.next.send(out.detach(), i, backward=False))
+            return None
         x = DTensor.from_local(local, sm.mesh, pl, run_check=False)
         with implicit_replication():
             if self.last:
@@ -205,7 +218,9 @@ class StagedStage:
         local, out = state.pop(i)
         with implicit_replication():
             if self.last:
-                (out * scale).backward()
+                # local mode: the loss is this rank's rows' mean; the micro-batch's mean is
+                # the average over the data pieces, which the gradient reduction sums
+                (out * (scale / self.sm.data_size if self.local else scale)).backward()
             else:
                 grad = self.next.recv(i, self.place.device, backward=True)
                 torch.autograd.backward(out, grad)

@@ -21,6 +21,12 @@ zero   forward / backward                                    after the last micr
        gradient into ``p.grad``
 =====  ====================================================  ==============================
 
+**Local mode.** A stage whose every parameter is computed replicated is plain data
+parallelism: it runs on plain tensors (each rank its rows of the micro-batch, the loss the
+mean of its rows divided by the number of data pieces), and its gradients are treated as the
+partial sums they are — skipping DTensor's per-op dispatch, which on a CPU costs ~10-25% of
+a step (``benchmarks/search_measured.py``).
+
 Collectives are **bucketed** as FSDP's are: one all-gather, one reduce-scatter and one
 all-reduce per mesh axis for all of a stage's parameters (padded to equal shards, DTensor's
 ``torch.chunk`` split), not one per parameter — on a high-latency link (gloo over loopback,
@@ -100,12 +106,15 @@ class Zero:
 
     zero: int
     sm: StageMesh
+    local: bool = False                # compute on plain tensors (:meth:`begin_step`)
     slots: list[_Slot] = field(default_factory=list)
 
     @classmethod
     def attach(cls, chunk: nn.Module, zero: int, sm: StageMesh,
-               compute: dict[str, tuple[Placement, ...]]) -> "Zero":
-        z = cls(zero=zero, sm=sm)
+               compute: dict[str, tuple[Placement, ...]], *, local: bool = False) -> "Zero":
+        if local and zero == 3:
+            raise ValueError("local mode gathers once per step; ZeRO-3 gathers per module")
+        z = cls(zero=zero, sm=sm, local=local)
         for mod_name, module in chunk.named_modules():
             for name, param in module.named_parameters(recurse=False):
                 fqn = f"{mod_name}.{name}" if mod_name else name
@@ -226,18 +235,25 @@ class Zero:
 
     # ---- the step ----------------------------------------------------------------------
     def begin_step(self) -> None:
-        """ZeRO-1/2: gather every sharded parameter once for this step's micro-batches."""
-        if self.zero not in (1, 2):
+        """ZeRO-1/2: gather every sharded parameter once for this step's micro-batches. In
+        local mode (every parameter computed replicated: plain data parallelism), every
+        parameter is swapped for a plain tensor, so the stage computes without DTensor."""
+        if self.zero not in (1, 2) and not self.local:
             return
-        by_axis: dict[int, list[_Slot]] = {}
+        by_axis: dict[int | None, list[_Slot]] = {}
         for s in self.slots:
-            if s.axis is not None:
+            if s.axis is not None or self.local:
                 by_axis.setdefault(s.axis, []).append(s)
-        for k, slots in sorted(by_axis.items()):
-            for s, local in zip(slots, self._all_gather(slots, k)):
-                full = DTensor.from_local(local, s.param.device_mesh, s.compute,
-                                          run_check=False, shape=s.param.shape,
-                                          stride=s.param.stride())
+        for k, slots in sorted(by_axis.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+            gathered = self._all_gather(slots, k) if k is not None else \
+                [s.param.to_local() for s in slots]
+            for s, local in zip(slots, gathered):
+                if self.local:
+                    full = local.detach()
+                else:
+                    full = DTensor.from_local(local, s.param.device_mesh, s.compute,
+                                              run_check=False, shape=s.param.shape,
+                                              stride=s.param.stride())
                 full.requires_grad_(s.param.requires_grad)
                 s.full = full
                 self._swap_in(s, full)
@@ -247,12 +263,21 @@ class Zero:
         if self.zero == 2:
             self._reduce_full_grads()
 
+    def _as_partial(self, s: _Slot, grad: torch.Tensor) -> DTensor:
+        """A local-mode gradient as the DTensor it is: partial sums over the data axes."""
+        mesh = s.param.device_mesh
+        placements = [Partial() if a in self.sm.data_axes else Replicate()
+                      for a in self.sm.axis_names]
+        return DTensor.from_local(grad, mesh, placements, run_check=False,
+                                  shape=s.param.shape, stride=s.param.stride())
+
     def _reduce_full_grads(self) -> None:
         slots = [s for s in self.slots if s.full is not None and s.full.grad is not None]
         if not slots:
             return
-        reduced = self._reduce([s.full.grad for s in slots],
-                               [tuple(s.param.placements) for s in slots],
+        grads = [self._as_partial(s, s.full.grad) if self.local else s.full.grad
+                 for s in slots]
+        reduced = self._reduce(grads, [tuple(s.param.placements) for s in slots],
                                [s.axis for s in slots])
         for s, g in zip(slots, reduced):
             s.param.grad = g if s.param.grad is None else s.param.grad + g
