@@ -115,7 +115,7 @@ def main() -> int:
                     "uniform": uni_p.prediction.step_time_s}
             ratio = med["auto"] / med["uniform"]
             measurements[name] = {
-                "model": MODELS[name][0], "global_batch": MODELS[name][1],
+                "model": auto_p.model["config"], "global_batch": auto_p.global_batch,
                 "auto_plan": auto_p.planner.get("label"), "auto_layout": auto_p.layout,
                 "uniform_plan": uni_p.parallel.label(),
                 "measured_median_s": med, "predicted_s": pred,
