@@ -9,10 +9,13 @@
     mine = autoplan.estimate("gpt-7.5b", "dgx-a100", nodes=16, global_batch=512,
                              tp=4, pp=1, micro_batch=2, checkpoint="full")
 
-``optimize`` runs the uniform grid by default (plans the engine runs and the exporters
-express); ``planner="auto"`` runs the Alpa-style search (:mod:`autoplan.planner.search`,
-experimental until the engine executes non-uniform stage plans) with the uniform grid
-beside it, whose best configuration the plan keeps as ``comparison``.
+``optimize`` runs the Alpa-style search by default (``planner="auto"``,
+:mod:`autoplan.planner.search`) with the uniform grid beside it, whose best configuration the
+plan keeps as ``comparison`` (the search's plan is never predicted slower). The engine runs
+search plans (:mod:`engine.staged`); for a model whose search plan it cannot run yet (a
+Hugging Face model or tied embeddings with per-op placements) ``optimize`` returns the
+grid's best and says why in ``plan.planner["note"]``. ``planner="uniform"`` runs the grid
+alone.
 """
 
 from __future__ import annotations
@@ -182,10 +185,10 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     options = options or SearchOptions()
     if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
         options = replace(options, max_stages=1)
-    uniform = None
+    uniform = uniform_plan = None
     uniform_error = None
     try:
-        _, uniform = _plan_uniform(problem, space=space, top_k=0, progress=None)
+        uniform_plan, uniform = _plan_uniform(problem, space=space, top_k=top_k, progress=None)
     except InfeasibleError as exc:
         uniform_error = str(exc)
     try:
@@ -224,22 +227,46 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
                              global_batch=problem.global_batch, seq_len=problem.seq_len,
                              precision=problem.precision_dict, top_k=top_k,
                              comparison=comparison)
+    gap = _engine_gap(problem.spec, plan)
+    if gap and uniform_plan is not None:
+        # a plan the engine could not run is worth less than the grid's best, which it runs
+        note = (f"the search's plan ({plan.planner.get('label')}, "
+                f"{plan.prediction.step_time_s:.4g} s per step) places ops individually and "
+                f"{gap}; this is the uniform grid's best")
+        return replace(uniform_plan, planner={**uniform_plan.planner, "note": note,
+                                              "search": plan.planner.get("label")}), result
     return plan, result
+
+
+def _engine_gap(spec: ModelSpec, plan: Plan) -> str | None:
+    """Why the engine cannot run ``plan`` of a model it runs otherwise (None: it can, or it
+    runs no plan of this model at all)."""
+    from autoplan.errors import PlanError
+
+    try:
+        from engine.model import check_supported
+        from engine.staged import per_op_gap, runs_per_op
+
+        check_supported(spec)
+    except (PlanError, ImportError):
+        return None
+    gap = per_op_gap(spec)
+    return gap if gap and runs_per_op(plan, spec) else None
 
 
 def optimize(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
              nodes: int | None = None, seq_len: int | None = None,
              precision: str | None = None, space: SearchSpace = SearchSpace(),
-             top_k: int = 10, planner: str = "uniform", options=None) -> Plan:
+             top_k: int = 10, planner: str = "auto", options=None) -> Plan:
     """Plan ``model`` on ``cluster``: the fastest predicted configuration that fits.
 
     ``model``: a built-in name or preset ("gpt-7.5b", "llama3-70b"), ``hf:<type or
     config.json>``, ``import:pkg.module:factory``, or a ModelSpec. ``cluster``: a preset
     name ("dgx-a100"), a YAML path, or a Cluster; ``nodes`` overrides its node count.
-    ``planner``: ``"uniform"`` (default: the grid of uniform configurations, restricted by
-    ``space``) or ``"auto"`` (the Alpa-style search, experimental; ``options`` is its
-    :class:`~autoplan.planner.search.SearchOptions`). Raises InfeasibleError (with the memory it
-    would need) if nothing fits.
+    ``planner``: ``"auto"`` (default: the Alpa-style search, with the grid's best as its
+    comparison and floor; ``options`` is its :class:`~autoplan.planner.search.SearchOptions`)
+    or ``"uniform"`` (the grid of uniform configurations alone, restricted by ``space``).
+    Raises InfeasibleError (with the memory it would need) if nothing fits.
     """
     _count(top_k, "top_k", low=0)
     if planner not in PLANNERS:

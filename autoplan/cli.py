@@ -124,12 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="search the best plan and write it")
     _model_args(p)
     _cluster_args(p)
-    p.add_argument("--planner", choices=("auto", "uniform"), default="uniform",
-                   help="uniform (default): the grid of uniform DP/TP/PP/ZeRO configurations, "
-                   "which the engine runs and the exporters express; auto: the Alpa-style "
-                   "search (intra-op ILP + inter-op stage DP; experimental: the engine does "
-                   "not run its non-uniform stage plans yet), with the grid's best kept as a "
-                   "comparison")
+    p.add_argument("--planner", choices=("auto", "uniform"), default="auto",
+                   help="auto (default): the Alpa-style search (intra-op ILP over per-op "
+                   "placements + inter-op stage DP over submeshes), with the uniform grid's "
+                   "best kept as a comparison and floor; uniform: the grid of uniform "
+                   "DP/TP/PP/ZeRO configurations alone (what the exporters express)")
     p.add_argument("-o", "--output", default="plan.json", help="plan file (default plan.json)")
     p.add_argument("--top-k", type=int, default=5, help="alternatives to keep and show")
     p.add_argument("--json", action="store_true")

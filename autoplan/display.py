@@ -101,6 +101,8 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
     if len(plan.stages) > 16:
         stages.add_row("...", f"{len(plan.stages) - 16} more", *[""] * (len(cols) - 2))
     console.print(stages)
+    if plan.planner.get("note"):
+        console.print(f"note: {plan.planner['note']}")
     if searched:
         print_weights(plan, console)
         print_comparison(plan, console)

@@ -53,6 +53,8 @@ def run_local(plan_path: str | os.PathLike, *, nproc: int | None = None,
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     run_env = dict(os.environ if env is None else env)
+    # a fresh rendezvous store per attempt (engine.run's docstring; pytorch/pytorch#135712)
+    run_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     run_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(_REPO), run_env.get("PYTHONPATH", "")) if p)
     cmd = torchrun_command(plan_path, nproc=nproc, steps=steps, out_dir=out_dir,

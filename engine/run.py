@@ -16,6 +16,12 @@ Launch commands::
     # resume the newest checkpoint in --out (checkpoints every K steps with --checkpoint-every)
     torchrun --standalone --nproc_per_node=N -m engine.run plans/x.json --out runs/x --resume
 
+    # relaunch dead ranks and resume: each attempt needs a fresh rendezvous store (since
+    # torch 2.5 the agent reuses one across attempts, and a relaunched rank can read its dead
+    # predecessor's address: pytorch/pytorch#135712)
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=N \
+        --max-restarts=1 -m engine.run plans/x.json --out runs/x --checkpoint-every 5 --resume
+
     # a world-size-1 plan also runs without torchrun: python -m engine.run plans/one.json
 
 Options are the fields of :class:`engine.config.RunConfig` (``--steps``, ``--lr``,
@@ -90,7 +96,7 @@ def execute(plan: Plan, source: str, cfg: RunConfig) -> dict[str, Any] | None:
                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE",
                                                          os.environ["WORLD_SIZE"])))
     device = init_distributed(plan.mesh.device_type, cfg.timeout_s)
-    if runs_per_op(plan):
+    if runs_per_op(plan, spec):
         return execute_staged(plan, spec, cfg, device, source=source)
     pm = build_mesh(plan, device, cfg.timeout_s)
     return Trainer(plan, spec, cfg, pm, source=source).run()

@@ -48,9 +48,40 @@ from engine.transfer import Boundary, check_routes
 from engine.zero import Zero, at_rest
 
 
-def runs_per_op(plan: Plan) -> bool:
-    """Whether ``plan`` is a search plan (this runtime) rather than a uniform one."""
-    return plan.layout == "stages" or plan.planner.get("name") == "auto"
+def runs_per_op(plan: Plan, spec=None) -> bool:
+    """Whether ``plan`` needs this runtime rather than the uniform one
+    (:mod:`engine.parallelize`): a search plan, unless it is one the uniform runtime
+    expresses exactly — one mesh ``(pp, dp, tp)``, the batch split along ``dp`` only, every
+    weight replicated along ``dp`` and placed along ``tp`` as a Megatron-LM style of
+    :mod:`engine.tensor_parallel` — where FSDP2 and the tensor-parallel styles overlap their
+    communication better. ``planner["runtime"]`` (``"per_op"``/``"uniform"``) forces it."""
+    forced = plan.planner.get("runtime")
+    if forced in ("per_op", "uniform"):
+        return forced == "per_op"
+    if plan.planner.get("name") != "auto":
+        return False
+    if plan.layout == "stages" or any(set(st.data_axes) - {"dp"} for st in plan.stages):
+        return True
+    if any(axes.get("dp", "Replicate()") != "Replicate()"
+           for axes in plan.param_placements.values()):
+        return True
+    from autoplan.models.registry import ModelSpec
+    from engine.validate import check_engine_support
+
+    try:
+        check_engine_support(plan, spec or ModelSpec.from_dict(plan.model), "<plan>")
+    except PlanError:
+        return True
+    return False
+
+
+def per_op_gap(spec) -> str | None:
+    """Why this runtime cannot run ``spec`` (None: it can)."""
+    if spec.source != "builtin" or spec.name != "gpt":
+        return f"the per-op runtime runs built-in GPT models, not {spec.source}:{spec.name}"
+    if model_lib.model_info(spec).tied_embeddings:
+        return "the per-op runtime does not run tied embeddings yet"
+    return None
 
 
 def check_staged_support(plan: Plan, spec, source: str) -> None:
@@ -64,13 +95,11 @@ def check_staged_support(plan: Plan, spec, source: str) -> None:
     if len(plan.stages) != p.pp * v:
         raise PlanError(f"plan {source}: field 'stages': {len(plan.stages)} stages for pp="
                         f"{p.pp} x virtual_stages={v}")
-    if spec.source != "builtin":
-        raise PlanError(f"plan {source}: field 'model': the engine runs search plans of the "
-                        f"built-in GPT family only (this is {spec.source}:{spec.name})")
+    gap = per_op_gap(spec)
+    if gap:
+        raise PlanError(f"plan {source}: field 'model': this plan places ops individually, "
+                        f"and {gap}; plan it with --planner uniform")
     info = model_lib.model_info(spec)
-    if info.tied_embeddings:
-        raise PlanError(f"plan {source}: field 'model.tie_embeddings': search plans with tied "
-                        "embeddings are not executed yet")
     world = set()
     for st in plan.stages:
         if sorted(st.ranks) != list(st.ranks) or len(st.ranks) != _prod(st.mesh_shape):

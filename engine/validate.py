@@ -156,7 +156,7 @@ def check_all(plan: Plan, source: str, *, world_size: int,
     spec = check_model(plan, source)
     from engine.staged import check_staged_support, runs_per_op
 
-    if runs_per_op(plan):
+    if runs_per_op(plan, spec):
         check_staged_support(plan, spec, source)
     else:
         check_engine_support(plan, spec, source)

@@ -125,12 +125,15 @@ def test_chunk_sizes_match_torch_chunk():
 def test_search_plans_take_this_runtime_and_bad_interleaving_is_refused():
     auto = make_plan(dp=2)
     assert not runs_per_op(auto)
-    auto = dataclasses.replace(auto, planner={"name": "auto"})
-    assert runs_per_op(auto)
+    assert not runs_per_op(dataclasses.replace(auto, planner={"name": "auto"}))   # expressible
+    assert runs_per_op(dataclasses.replace(auto, planner={"name": "auto", "runtime": "per_op"}))
+    split = dataclasses.replace(auto, planner={"name": "auto"}, stages=[
+        dataclasses.replace(st, data_axes=("dp", "tp")) for st in auto.stages])
+    assert runs_per_op(split)                   # the batch along tp: the uniform runtime can't
     spec = ModelSpec.from_dict(auto.model)
     bad = dataclasses.replace(make_plan(pp=2, schedule="interleaved_1f1b", virtual_stages=2,
                                         num_micro_batches=3, global_batch=6),
-                              planner={"name": "auto"})
+                              planner={"name": "auto", "runtime": "per_op"})
     with pytest.raises(PlanError, match="parallel.num_micro_batches"):
         check_staged_support(bad, spec, "x.json")
 
@@ -160,9 +163,11 @@ CASES = {
 
 
 def _auto(model, batch, cluster) -> Plan:
+    """The search's plan, run by the per-op runtime even where the uniform one could."""
     spec = ModelSpec("builtin", "gpt", model)
     clus = _cluster(*cluster) if cluster else "local-cpu"
-    return optimize(spec, clus, global_batch=batch, planner="auto")
+    plan = optimize(spec, clus, global_batch=batch, planner="auto")
+    return dataclasses.replace(plan, planner={**plan.planner, "runtime": "per_op"})
 
 
 def _mixed_submeshes(model, batch) -> Plan:
@@ -204,7 +209,7 @@ def _interleaved() -> Plan:
     ZeRO-1) handed to the per-op runtime."""
     plan = make_plan(dp=2, pp=2, zero=1, schedule="interleaved_1f1b", virtual_stages=2,
                      num_micro_batches=4, global_batch=8)
-    return dataclasses.replace(plan, planner={"name": "auto"},
+    return dataclasses.replace(plan, planner={"name": "auto", "runtime": "per_op"},
                                stages=[dataclasses.replace(st, data_axes=("dp",))
                                        for st in plan.stages])
 

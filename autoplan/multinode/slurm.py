@@ -50,6 +50,8 @@ def sbatch_script(plan: Plan, plan_path: str | os.PathLike, *, port: int = DEFAU
               "    exit 2",
               "fi",
               'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+              "# a fresh rendezvous store per torchrun attempt (pytorch/pytorch#135712)",
+              "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
               "",
               "srun torchrun \\",
               f"    --nnodes={nodes} \\",
