@@ -13,8 +13,9 @@ for the whole model on representative logical meshes:
   larger ones trade time for memory — ZeRO-style sharding, tensor parallelism,
   sequence sharding; inf stands for 1 s per GB, which in practice minimises memory);
 * plus the uniform planner's layouts (:mod:`autoplan.planner.megatron`: the ILP restricted
-  to Megatron's placements for each TP degree, with and without sequence parallelism), so
-  the search's space contains the uniform one.
+  to Megatron's placements for each TP degree, with and without sequence parallelism — with
+  the embeddings sequence-sharded or replicated), so the search's space contains the
+  uniform one.
 
 Each solve is logged with its problem size and time (``Library.solves``).
 """
@@ -105,13 +106,17 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
         runs = [(lam, None, f"ILP lambda={lam:g} on {mesh.label()}") for lam in lambdas
                 if whole or lam == 0.0]
         if megatron:
-            for sp in ((False, True) if mesh.shape[1] > 1 else (False,)):
-                restrict = {k: megatron_restrict(graph, costs[k], sequence_parallel=sp)
+            variants = [(False, None, "")]
+            if mesh.shape[1] > 1:     # sequence parallelism, embeddings sharded or not
+                variants += [(True, False, "+sp"), (True, True, "+sp (replicated embeddings)")]
+            for sp, rep, tag in variants:
+                restrict = {k: megatron_restrict(graph, costs[k], sequence_parallel=sp,
+                                                 replicated_embeddings=rep)
                             for k, _ in comp.counts}
                 if any(len(r) == 0 for rs in restrict.values() for r in rs):
                     continue
                 runs.append((0.0, restrict, f"Megatron dp{mesh.shape[0]} tp{mesh.shape[1]}"
-                                            + ("+sp" if sp else "")))
+                                            + tag))
         for lam, restrict, origin in runs:
             weight = 1e-9 if not math.isfinite(lam) else lam
             t0 = time.perf_counter()

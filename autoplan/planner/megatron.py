@@ -10,7 +10,10 @@ logical mesh (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence parallel
 * axis 1 (tp): a parameter with a tensor-parallel dim (``ParamInfo.tp_dim``, from the
   tracer's column/row roles) is ``Shard(tp_dim)``, every other parameter replicated; ops of
   the ``replicated`` role keep their outputs replicated — under sequence parallelism their
-  (batch, sequence, hidden) outputs are sharded along the sequence (``Shard(1)``).
+  (batch, sequence, hidden) outputs are sharded along the sequence (``Shard(1)``); in the
+  layers before the first block (the embeddings) they may also stay replicated, as the
+  engine's uniform runtime runs them (:mod:`engine.tensor_parallel`: the first block slices
+  its input).
 
 Within that space the ILP picks the cheapest consistent placement of everything else (the
 activations between a column and a row op, the loss), which is Megatron's. The search
@@ -28,18 +31,25 @@ from autoplan.planner.costs import KindCosts
 from autoplan.planner.strategies import members
 
 
-def megatron_restrict(graph: OpGraph, kc: KindCosts, *, sequence_parallel: bool
-                      ) -> list[np.ndarray]:
-    """Per anchor of ``kc``: indices (into its candidate arrays) of the Megatron layouts."""
+def megatron_restrict(graph: OpGraph, kc: KindCosts, *, sequence_parallel: bool,
+                      replicated_embeddings: bool | None = None) -> list[np.ndarray]:
+    """Per anchor of ``kc``: indices (into its candidate arrays) of the Megatron layouts.
+    Under sequence parallelism the layers before the first block (the embeddings) run
+    sequence-sharded (``replicated_embeddings=False``), replicated as the engine's uniform
+    runtime runs them (``True``: the first block slices its input), or either (``None``)."""
     kg = kc.kg
     names = graph.layers[kg.layer].nodes
     dp, tp = kc.mesh.shape
+    before_blocks = all(layer.name.startswith("<") for layer in graph.layers[:kg.layer + 1])
+    modes: tuple[bool, ...] = (sequence_parallel,)
+    if sequence_parallel and before_blocks:
+        modes = {None: (True, False), True: (False,), False: (True,)}[replicated_embeddings]
     out = []
     for ai, a in enumerate(kc.anchors):
         ok = []
         for idx, k in enumerate(kc.cand[ai]):
-            if all(_member_ok(graph, kg, names, pos, k, dp, tp, sequence_parallel)
-                   for pos in members(kg, a)):
+            if any(all(_member_ok(graph, kg, names, pos, k, dp, tp, sp)
+                       for pos in members(kg, a)) for sp in modes):
                 ok.append(idx)
         out.append(np.array(ok, dtype=int))
     return out
@@ -112,27 +122,46 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
     from autoplan.planner.intra_op import solve
     from autoplan.planner.mesh import LogicalMesh
 
+    from autoplan.errors import InfeasibleError
+
     p = parallel
     ms = ev.ms
     graph = ms.graph
     mesh = LogicalMesh((p.dp, p.tp), ev.cm.cluster.devices_per_node)
     micro_batch = p.dp * p.micro_batch
     ckpt = p.checkpoint == "full"
-    stages = []
-    for a, b in split_layers(graph, p.pp * p.virtual_stages):
-        comp = Composition.of(ms, a, b)
-        costs = {k: ev.kind_costs(k, mesh, micro_batch) for k, _ in comp.counts}
-        restrict = {k: megatron_restrict(graph, costs[k],
-                                         sequence_parallel=p.sequence_parallel)
-                    for k, _ in comp.counts}
-        problem, dec = build_problem(ev.cm, ms, comp, mesh, micro_batch,
-                                     micro_batches=p.num_micro_batches, in_flight=1,
-                                     checkpoint=ckpt, zero_allowed=(p.zero,), costs=costs,
-                                     restrict=restrict)
-        sol = solve(problem)
-        choice = tuple((k, tuple(int(restrict[k][ai][sol.choice[dec.offset[k] + ai]])
-                                 for ai in range(len(costs[k].anchors))))
-                       for k, _ in comp.counts)
-        stages.append(StageChoice(a, b, mesh, choice, p.zero, ckpt))
-    return PipelineChoice(tuple(stages), micro_batch, p.num_micro_batches, p.schedule,
-                          p.virtual_stages)
+
+    def build(replicated_embeddings: bool | None) -> PipelineChoice:
+        stages = []
+        for a, b in split_layers(graph, p.pp * p.virtual_stages):
+            comp = Composition.of(ms, a, b)
+            costs = {k: ev.kind_costs(k, mesh, micro_batch) for k, _ in comp.counts}
+            restrict = {k: megatron_restrict(graph, costs[k],
+                                             sequence_parallel=p.sequence_parallel,
+                                             replicated_embeddings=replicated_embeddings)
+                        for k, _ in comp.counts}
+            problem, dec = build_problem(ev.cm, ms, comp, mesh, micro_batch,
+                                         micro_batches=p.num_micro_batches, in_flight=1,
+                                         checkpoint=ckpt, zero_allowed=(p.zero,),
+                                         costs=costs, restrict=restrict)
+            sol = solve(problem)
+            choice = tuple((k, tuple(int(restrict[k][ai][sol.choice[dec.offset[k] + ai]])
+                                     for ai in range(len(costs[k].anchors))))
+                           for k, _ in comp.counts)
+            stages.append(StageChoice(a, b, mesh, choice, p.zero, ckpt))
+        return PipelineChoice(tuple(stages), micro_batch, p.num_micro_batches, p.schedule,
+                              p.virtual_stages)
+
+    if not p.sequence_parallel or p.tp == 1:
+        return build(None)
+    # sequence parallelism: the embeddings sequence-sharded or replicated, whichever the
+    # evaluator prices faster (the ILP's objective does not compose the step)
+    found = []
+    for variant in (False, True):
+        try:
+            found.append(build(variant))
+        except InfeasibleError:
+            continue
+    if not found:
+        return build(None)
+    return min(found, key=lambda c: ev.predict(c).step_time_s)
