@@ -165,7 +165,10 @@ def test_search_and_uniform_planner_price_a_uniform_configuration_the_same(small
     ILP restricted to them), costs the same under the search's evaluator as under the
     uniform planner's Estimator: step time, its breakdown, and memory per device.
     (Sequence parallelism is not in this list: there the search syncs the gradients of the
-    sequence-sharded embedding and norms over the whole stage, the Estimator over dp only.)"""
+    sequence-sharded norms over the whole stage, as Megatron-LM does, the Estimator over dp
+    only, and prices the replicated embeddings' compute and the gathers and scatters per op,
+    the Estimator as all-reduces of the same volume: the two differ by up to a few percent
+    on GPUs, more on CPU ranks sharing cores.)"""
     problem, ms, ev = small
     p = ParallelConfig(**config)
     mine = ev.predict(uniform_choice(ev, p))
