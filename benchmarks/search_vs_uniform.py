@@ -11,7 +11,9 @@ Models: every run of ``benchmarks/megatron_sc21.py`` (GPT 1.7B-39B on 32-512 A10
 attention and dropout 0.1 as the paper ran them), Llama-3 70B on 64 H100s, GPT-3 175B on
 1024 A100s, and two models whose layers are not alike — a GPT whose vocabulary (256k)
 dwarfs its hidden size (1024), and a Wide-ResNet — plus the built-in small GPT on this
-machine's 4 CPU ranks (whose ranks share cores: the step is composed for them).
+machine's 4 CPU ranks (whose ranks share cores: the step is composed for them), as built in
+and with a 65536-token vocabulary over hidden size 128 (a plan the engine runs: two 1F1B
+stages of two ranks, the token table and the head sharded over each stage's ranks).
 
 Targets: the search's plan is predicted at least as fast as the best uniform plan on every
 model (>= 1.0x), and at least 1.15x faster on one model whose layers are not alike.
@@ -46,6 +48,8 @@ RUNS = [
      "dgx-a100", 2, 32, False),
     ("wrn-16-8", "wrn-16-8", {}, "dgx-a100", 2, 32, False),
     ("gpt-small-cpu", "gpt-small", {}, "local-cpu", None, 16, True),
+    ("gpt-v65536-h128-cpu", "gpt-small", dict(vocab_size=65536, hidden=128, heads=4, layers=4,
+                                              seq_len=64), "local-cpu", None, 8, False),
 ]
 
 
