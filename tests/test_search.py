@@ -449,7 +449,7 @@ def test_a_plan_of_stages_with_their_own_submeshes_validates_and_names_fields(sm
         Plan.from_dict(bad)
     assert "engine_gaps" not in plan.planner                 # 1F1B: the engine runs it
     # interleaved 1F1B over those two submeshes (chunks 0, 2 on the first, 1, 3 on the
-    # second): the engine does not run interleaved stage plans, and the plan says so
+    # second): the engine's per-op runtime accepts it
     chunks = []
     for c, (a, b) in enumerate(((0, 2), (2, 3), (3, 5), (5, n))):
         mesh = stages[c % 2].mesh
@@ -465,8 +465,11 @@ def test_a_plan_of_stages_with_their_own_submeshes_validates_and_names_fields(sm
                           base.library, base.seconds, base.stats)
     plan = _plan(result, problem)
     assert plan.layout == "stages"
-    (gap,) = plan.planner["engine_gaps"]
-    assert "interleaved" in gap and "layout 'stages'" in gap
+    assert [tuple(s.ranks) for s in plan.stages[2:]] == [tuple(s.ranks) for s in plan.stages[:2]]
+    from engine.staged import check_staged_support, runs_per_op
+
+    assert runs_per_op(plan, problem.spec)
+    check_staged_support(plan, problem.spec, "interleaved.json")
 
 
 def test_nothing_fits_is_a_clear_error():

@@ -13,10 +13,6 @@ The plan says, self-contained, what the engine must build (:mod:`autoplan.plan`)
 * per stage: ZeRO stage, data axes, micro-batch per data-parallel rank, recomputed layers,
   the placement of every op the search chose (others follow their input), and the stage's
   predicted seconds and bytes per micro-batch.
-* ``planner["engine_gaps"]``: what the plan asks that the engine does not execute yet
-  (:func:`engine_gaps`), e.g. an interleaved schedule, above all over stages of different
-  shapes (``layout="stages"``); the search still picks such plans where they are predicted
-  fastest (large GPU clusters), the plan says so.
 """
 
 from __future__ import annotations
@@ -46,25 +42,6 @@ def choice_label(p: PipelineChoice) -> str:
         stages = "[" + ", ".join(per[:6]) + (", ..." if len(per) > 6 else "") + "]"
     sched = p.schedule + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else "")
     return f"{stages} mb{p.micro_batch}x{p.num_micro_batches} {sched}"
-
-
-def engine_gaps(p: PipelineChoice, uniform: bool) -> list[str]:
-    """What the engine cannot execute in plan ``p`` yet (:mod:`engine.staged` runs search
-    plans with the GPipe and 1F1B schedules, one stage per rank)."""
-    out = []
-    if p.schedule == "interleaved_1f1b" or p.virtual_stages > 1:
-        what = (f"interleaved 1F1B with {p.virtual_stages} chunks per pipeline rank "
-                f"({len(p.stages)} stages on {p.pp} submeshes)")
-        if not uniform:
-            out.append(f"{what} over stages of different shapes (layout 'stages'): the "
-                       "engine does not execute interleaved schedules of stage plans; "
-                       "re-plan with SearchOptions(virtual_stages=()) to get a "
-                       "gpipe/1f1b plan it runs")
-        else:
-            out.append(f"{what}: the engine runs search plans with 'gpipe' or '1f1b' only; "
-                       "the uniform planner's plan of this configuration runs, or re-plan "
-                       "with SearchOptions(virtual_stages=())")
-    return out
 
 
 def _uniform(p: PipelineChoice) -> bool:
@@ -215,9 +192,6 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
                "ilp": [{k: v for k, v in s.items() if k != "seconds"}
                        for s in result.library.solves],
                "explain": explain_placements(result)}
-    gaps = engine_gaps(p, uniform)
-    if gaps:
-        planner["engine_gaps"] = gaps
     plan = Plan(model=spec.to_dict(), model_fingerprint=spec.fingerprint(),
                 num_params=graph.num_params, cluster=cluster_dict, global_batch=global_batch,
                 seq_len=seq_len, mesh=mesh, parallel=parallel, stages=stages,

@@ -1,7 +1,8 @@
 """Per-stage forward / backward times of a plan, per micro-batch: what the timeline draws.
 
 A plan's :class:`~autoplan.plan.Prediction` holds the step's totals, not the time of each
-stage. :func:`stage_timing` gets them from the planner's own cost function
+stage. A search plan records them per stage (``stages[i].predicted``); for a uniform plan
+:func:`stage_timing` gets them from the planner's own cost function
 (:class:`~autoplan.planner.estimate.Estimator`), re-tracing the plan's model on the meta
 device (:func:`autoplan.api.prepare`; a few seconds) unless the caller passes the traced
 :class:`~autoplan.api.Problem`. If the model cannot be rebuilt here (an ``import:`` model
@@ -48,7 +49,7 @@ class ChunkTime:
 @dataclass(frozen=True)
 class StageTiming:
     chunks: tuple[ChunkTime, ...]      # one per plan stage (model chunk), in stage order
-    source: str                        # "estimator" or "approximate"
+    source: str                        # "search", "estimator" or "approximate"
     note: str = ""                     # how the figures were obtained, or a caveat
 
 
@@ -62,6 +63,9 @@ def stage_timing(plan: Plan, problem=None) -> StageTiming:
     ``problem``: the plan's model already traced for its cluster
     (:func:`autoplan.api.prepare`), to skip re-tracing.
     """
+    searched = _from_search(plan)
+    if searched is not None:
+        return searched
     try:
         problem = problem or _retrace(plan)
     except (AutoplanError, ImportError, RuntimeError) as exc:
@@ -71,6 +75,27 @@ def stage_timing(plan: Plan, problem=None) -> StageTiming:
         return _approximate(plan, f"model not re-traced ({exc}); per-stage times "
                                   "approximated from the plan's time breakdown")
     return _from_estimator(plan, problem)
+
+
+def _from_search(plan: Plan) -> StageTiming | None:
+    """A search plan's own per-stage figures (``stages[i].predicted``: compute, in-layer
+    communication, recomputation, send per micro-batch; backward twice the forward), or None
+    when the plan has none (a uniform plan)."""
+    if plan.planner.get("name") != "auto":
+        return None
+    chunks = []
+    for st in plan.stages:
+        pr = st.predicted or {}
+        if not all(k in pr for k in ("compute_s", "layer_comm_s", "send_s")):
+            return None
+        compute, comm = float(pr["compute_s"]), float(pr["layer_comm_s"])
+        recompute = float(pr.get("recompute_s", 0.0))
+        chunks.append(ChunkTime(forward=compute / 3, backward=2 * compute / 3,
+                                recompute=recompute, tp_forward=comm / 3,
+                                tp_backward=2 * comm / 3, send=float(pr["send_s"]) / 2))
+    return StageTiming(tuple(chunks), "search",
+                       "per-stage times from the search's own stage predictions "
+                       "(backward = 2 x forward)")
 
 
 def _retrace(plan: Plan):
