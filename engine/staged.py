@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication
+from torch.distributed.tensor.parallel import loss_parallel
 
 from autoplan.errors import PlanError
 from autoplan.plan import Plan
@@ -233,19 +234,19 @@ class StagedStage:
             if self.last:
                 y = DTensor.from_local(targets[base + lo:base + hi], sm.mesh, pl,
                                        run_check=False)
-                out = self.chunk(x, y)
+                out = vocab_parallel_loss(self.chunk(x), y)
             else:
                 out = self.chunk(x)
                 out = out.redistribute(sm.mesh, pl).to_local()
         state[i] = (local, out)
         if self.last:
-            return out.to_local() if isinstance(out, DTensor) else out
+            return out.detach().full_tensor() if isinstance(out, DTensor) else out
         sends.extend(self.next.send(out.detach(), i, backward=False))
         return None
 
     def backward(self, i: int, state: dict, sends: list, scale: float) -> None:
         local, out = state.pop(i)
-        with implicit_replication():
+        with implicit_replication(), loss_parallel():
             if self.last:
                 # local mode: the loss is this rank's rows' mean; the micro-batch's mean is
                 # the average over the data pieces, which the gradient reduction sums
@@ -255,6 +256,27 @@ class StagedStage:
                 torch.autograd.backward(out, grad)
         if not self.first:
             sends.extend(self.prev.send(local.grad, i, backward=True))
+
+
+def vocab_parallel_loss(logits: DTensor, targets: DTensor) -> DTensor:
+    """Mean token cross-entropy of ``logits`` (b, s, vocab) against ``targets`` (b, s), in
+    fp32 (as :meth:`autoplan.models.gpt.GPT.loss`). Logits sharded along the vocabulary on
+    one mesh axis (a vocabulary-parallel head) take ``loss_parallel``: each rank's softmax
+    statistics are all-reduced instead of the logits being gathered (Megatron-LM's
+    vocabulary-parallel cross-entropy); the sum is divided by the token count, since
+    ``loss_parallel``'s mean is one-dimensional-mesh only."""
+    import torch.nn.functional as F
+
+    flat = logits.flatten(0, 1).float()
+    tgt = targets.flatten(0, 1)
+    cls = flat.ndim - 1
+    axes = [k for k, p in enumerate(flat.placements) if isinstance(p, Shard) and p.dim == cls]
+    if len(axes) != 1:
+        return F.cross_entropy(flat, tgt)
+    want = [Replicate() if k == axes[0] else p for k, p in enumerate(flat.placements)]
+    tgt = tgt.redistribute(flat.device_mesh, want)
+    with loss_parallel():
+        return F.cross_entropy(flat, tgt, reduction="sum") / tgt.numel()
 
 
 def schedule_actions(schedule: str, position: int, pp: int, v: int, m: int
