@@ -74,7 +74,8 @@ def make_plans(out: Path, names: list[str], runtime_row: bool
     uniform = estimate(ModelSpec("builtin", "gpt", cfg), CLUSTER, global_batch=batch, dp=4,
                        zero=1, micro_batch=2)
     per_op = dataclasses.replace(
-        uniform, planner={"name": "auto", "label": uniform.parallel.label() + " (per-op)"},
+        uniform, planner={"name": "auto", "runtime": "per_op",
+                          "label": uniform.parallel.label()},
         stages=[dataclasses.replace(st, data_axes=("dp",)) for st in uniform.stages])
     plans[name] = {"auto": per_op.save(out / f"{name}.per_op.json"),
                    "uniform": uniform.save(out / f"{name}.uniform.json")}
@@ -136,7 +137,7 @@ def main() -> int:
                 targets.append(target(f"{name}: measured auto / best uniform step time",
                                       "< 1.0", round(ratio, 4), ratio < 1.0))
             runtime = "per-op" if runs_per_op(auto_p) else "uniform"
-            for side, label in (("auto", f"{auto_p.planner.get('label')} [{runtime} runtime]"),
+            for side, label in (("auto", f"{auto_p.planner.get('label')} ({runtime} runtime)"),
                                 ("uniform", uni_p.parallel.label())):
                 rows.append([name, side, label, f"{med[side]:.3f}", f"{pred[side]:.3f}",
                              f"{pred[side] / med[side] - 1:+.0%}"])
