@@ -250,7 +250,7 @@ def _engine_gap(spec: ModelSpec, plan: Plan) -> str | None:
         check_supported(spec)
     except (PlanError, ImportError):
         return None
-    gap = per_op_gap(spec)
+    gap = per_op_gap(spec, plan)
     return gap if gap and runs_per_op(plan, spec) else None
 
 

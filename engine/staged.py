@@ -76,12 +76,17 @@ def runs_per_op(plan: Plan, spec=None) -> bool:
     return False
 
 
-def per_op_gap(spec) -> str | None:
-    """Why this runtime cannot run ``spec`` (None: it can)."""
+def per_op_gap(spec, plan: Plan | None = None) -> str | None:
+    """Why this runtime cannot run ``spec`` (or ``plan`` of it; None: it can)."""
     if spec.source != "builtin" or spec.name != "gpt":
         return f"the per-op runtime runs built-in GPT models, not {spec.source}:{spec.name}"
     if model_lib.model_info(spec).tied_embeddings:
         return "the per-op runtime does not run tied embeddings yet"
+    if plan is not None and spec.config.get("style") == "llama" and any(
+            v != "Replicate()" for axes in plan.param_placements.values()
+            for v in axes.values()):
+        # DTensor cannot reshape the head-sharded attention output after rotary embedding
+        return "the per-op runtime does not shard Llama-style weights yet"
     return None
 
 
@@ -96,7 +101,7 @@ def check_staged_support(plan: Plan, spec, source: str) -> None:
     if len(plan.stages) != p.pp * v:
         raise PlanError(f"plan {source}: field 'stages': {len(plan.stages)} stages for pp="
                         f"{p.pp} x virtual_stages={v}")
-    gap = per_op_gap(spec)
+    gap = per_op_gap(spec, plan)
     if gap:
         raise PlanError(f"plan {source}: field 'model': this plan places ops individually, "
                         f"and {gap}; plan it with --planner uniform")

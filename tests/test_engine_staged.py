@@ -138,6 +138,15 @@ def test_search_plans_take_this_runtime_and_bad_interleaving_is_refused():
         check_staged_support(bad, spec, "x.json")
 
 
+def test_llama_weights_sharded_per_op_are_refused_by_name():
+    from engine_helpers import TINY_LLAMA
+
+    plan = make_plan(tp=2, model=TINY_LLAMA)
+    plan = dataclasses.replace(plan, planner={"name": "auto", "runtime": "per_op"})
+    with pytest.raises(PlanError, match="field 'model'.*Llama-style"):
+        check_staged_support(plan, ModelSpec.from_dict(plan.model), "llama.json")
+
+
 # ---- tier 3 -------------------------------------------------------------------------------
 def _cluster(nodes, per_node, intra, inter, peak):
     """A CPU cluster whose links and speed make the search mix parallelisms."""
