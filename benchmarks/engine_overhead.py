@@ -44,6 +44,9 @@ LR = 1e-3
 # ---- driver -------------------------------------------------------------------------------
 
 def make_plans(out: Path) -> dict[str, Path]:
+    import dataclasses
+
+    from autoplan.cluster import load_cluster
     from autoplan.models.registry import ModelSpec
     from autoplan.plan import ParallelConfig
     from autoplan.planner.build import build_plan
@@ -51,8 +54,8 @@ def make_plans(out: Path) -> dict[str, Path]:
 
     spec = ModelSpec("builtin", "gpt", dict(MODEL))
     graph = trace(spec, batch_size=1, seq_len=SEQ)
-    cluster = {"name": "this-machine", "device": {"name": "cpu-local", "family": "cpu",
-                                                  "peak_tflops": {"float32": 0.333}}}
+    # a plan stores its whole cluster: this machine's preset, cut to the 2 ranks run here
+    cluster = dataclasses.replace(load_cluster("local-cpu"), devices_per_node=2)
     paths = {}
     for name, kw in CONFIGS.items():
         dp, nmb = kw.get("dp", 1), kw.get("num_micro_batches", 1)
