@@ -11,11 +11,13 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -67,6 +69,54 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     for row in rows:
         table.add_row(*[_fmt(v) for v in row])
     Console(width=160).print(table)
+
+
+def run_torchrun(script: str | Path, nproc: int, args: list[str]) -> int:
+    """Run ``script`` with ``args`` under ``torchrun --standalone`` on ``nproc`` local ranks,
+    from the repository root (on PYTHONPATH; one OpenMP thread per rank); prints the tail of
+    its output where it fails. Returns its exit status."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", str(Path(script).resolve()), *args]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode:
+        print(proc.stdout[-3000:], proc.stderr[-6000:], file=sys.stderr)
+    return proc.returncode
+
+
+def alternating_blocks(steps: dict[str, Callable[[int], Any]], rounds: int, block: int, *,
+                       one_count: bool = False
+                       ) -> tuple[dict[str, list[float]], dict[str, dict[int, Any]]]:
+    """Time the sides' step functions side by side, under torch.distributed (every rank
+    calls it): ``rounds`` + 1 rounds, each running every side in turn for ``block`` steps,
+    a barrier before each step; round 0 warms them up and is not timed. Each side's steps
+    are numbered from 1, or with ``one_count`` by one count across all the sides.
+
+    Returns (on every rank) each side's step times, a step as slow as its slowest rank, and
+    what each side's steps returned, by step number."""
+    import torch.distributed as dist
+
+    times: dict[str, list[float]] = {side: [] for side in steps}
+    results: dict[str, dict[int, Any]] = {side: {} for side in steps}
+    count, total = dict.fromkeys(steps, 0), 0
+    for r in range(rounds + 1):
+        for side, step_fn in steps.items():
+            for _ in range(block):
+                count[side] += 1
+                total += 1
+                step = total if one_count else count[side]
+                dist.barrier()
+                t0 = time.perf_counter()
+                results[side][step] = step_fn(step)
+                dt = time.perf_counter() - t0
+                if r:                                   # round 0 warms every side up
+                    times[side].append(dt)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, times)
+    slowest = {side: [max(g[side][i] for g in gathered) for i in range(len(times[side]))]
+               for side in times}
+    return slowest, results
 
 
 def median_time(fn: Callable[[], Any], repeats: int = 5) -> tuple[float, list[float]]:

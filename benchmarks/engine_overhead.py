@@ -20,10 +20,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,24 +74,18 @@ def main() -> int:
     if args.worker:
         return worker(Path(args.worker[0]), Path(args.worker[1]), args.rounds, args.block)
 
-    from benchmarks.common import print_table, target, write_results
+    from benchmarks.common import print_table, run_torchrun, target, write_results
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), OMP_NUM_THREADS="1")
     measurements, targets, rows = {}, [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name, plan in make_plans(Path(tmp)).items():
             if name not in args.configs:
                 continue
             out = Path(tmp) / f"{name}.out.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc_per_node=2", str(Path(__file__).resolve()), "--rounds",
-                   str(args.rounds), "--block", str(args.block), "--worker", str(plan),
-                   str(out)]
-            proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-            if proc.returncode:
-                print(proc.stdout[-3000:], proc.stderr[-6000:], file=sys.stderr)
-                return proc.returncode
+            rc = run_torchrun(__file__, 2, ["--rounds", str(args.rounds), "--block",
+                                            str(args.block), "--worker", str(plan), str(out)])
+            if rc:
+                return rc
             m = json.loads(out.read_text())
             eng, hand = statistics.median(m["engine_s"]), statistics.median(m["hand_s"])
             ratio = eng / hand
@@ -120,6 +112,7 @@ def worker(plan_path: Path, out: Path, rounds: int, block: int) -> int:
     import torch.distributed as dist
 
     from autoplan.plan import Plan
+    from benchmarks.common import alternating_blocks
     from engine.config import RunConfig
     from engine.mesh import build_mesh, init_distributed
     from engine.train import Trainer
@@ -133,27 +126,10 @@ def worker(plan_path: Path, out: Path, rounds: int, block: int) -> int:
     trainer = Trainer(plan, spec, cfg, pm, source=str(plan_path))
     hand_step = hand_written(plan, pm.mesh)
 
-    times: dict[str, list[float]] = {"engine": [], "hand": []}
-    step = 0
-    for r in range(rounds + 1):
-        for side in ("engine", "hand"):
-            for _ in range(block):
-                step += 1
-                dist.barrier()
-                t0 = time.perf_counter()
-                if side == "engine":
-                    trainer.train_step(step)
-                else:
-                    hand_step(step)
-                dt = time.perf_counter() - t0
-                if r:                                   # round 0 warms both up
-                    times[side].append(dt)
-    # a step is as slow as its slowest rank
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, times)
+    # one step count across both sides; a step is as slow as its slowest rank
+    result, _ = alternating_blocks({"engine": trainer.train_step, "hand": hand_step},
+                                   rounds, block, one_count=True)
     if dist.get_rank() == 0:
-        result = {side: [max(g[side][i] for g in gathered) for i in range(len(times[side]))]
-                  for side in times}
         out.write_text(json.dumps({"engine_s": result["engine"], "hand_s": result["hand"],
                                    "torch": torch.__version__}))
     dist.destroy_process_group()

@@ -21,10 +21,8 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,24 +94,19 @@ def main() -> int:
         return worker(*map(Path, args.worker), args.rounds, args.block)
 
     from autoplan.plan import Plan
-    from benchmarks.common import print_table, target, write_results
+    from benchmarks.common import print_table, run_torchrun, target, write_results
     from engine.staged import runs_per_op
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), OMP_NUM_THREADS="1")
     measurements, targets, rows = {}, [], []
     with tempfile.TemporaryDirectory() as tmp:
         for name, pair in make_plans(Path(tmp), args.models,
                                      not args.no_runtime_row).items():
             out = Path(tmp) / f"{name}.out.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc_per_node={RANKS}", str(Path(__file__).resolve()), "--rounds",
-                   str(args.rounds), "--block", str(args.block), "--worker",
-                   str(pair["auto"]), str(pair["uniform"]), str(out)]
-            proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-            if proc.returncode:
-                print(proc.stdout[-3000:], proc.stderr[-6000:], file=sys.stderr)
-                return proc.returncode
+            rc = run_torchrun(__file__, RANKS, ["--rounds", str(args.rounds), "--block",
+                                                str(args.block), "--worker", str(pair["auto"]),
+                                                str(pair["uniform"]), str(out)])
+            if rc:
+                return rc
             m = json.loads(out.read_text())
             auto_p, uni_p = Plan.load(pair["auto"]), Plan.load(pair["uniform"])
             med = {side: statistics.median(v) for side, v in m["times"].items()}
@@ -159,6 +152,7 @@ def worker(auto_path: Path, uniform_path: Path, out: Path, rounds: int, block: i
     import torch.distributed as dist
 
     from autoplan.plan import Plan
+    from benchmarks.common import alternating_blocks
     from engine.config import RunConfig
     from engine.mesh import build_mesh, init_distributed
     from engine.staged import StagedPlace, _trainer_class, build_stage_meshes, runs_per_op
@@ -178,24 +172,9 @@ def worker(auto_path: Path, uniform_path: Path, out: Path, rounds: int, block: i
         else:
             trainers[side] = Trainer(plan, spec, cfg, build_mesh(plan, device, cfg.timeout_s),
                                      source=str(path))
-    times: dict[str, list[float]] = {side: [] for side in trainers}
-    losses: dict[str, dict[int, float]] = {side: {} for side in trainers}
-    steps = {side: 0 for side in trainers}
-    for r in range(rounds + 1):
-        for side, trainer in trainers.items():
-            for _ in range(block):
-                steps[side] += 1
-                dist.barrier()
-                t0 = time.perf_counter()
-                losses[side][steps[side]] = trainer.train_step(steps[side])
-                dt = time.perf_counter() - t0
-                if r:                                   # round 0 warms both up
-                    times[side].append(dt)
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, times)
+    slowest, losses = alternating_blocks(
+        {side: trainer.train_step for side, trainer in trainers.items()}, rounds, block)
     if dist.get_rank() == 0:
-        slowest = {side: [max(g[side][i] for g in gathered) for i in range(len(times[side]))]
-                   for side in times}
         same = all(abs(losses["auto"][k] - losses["uniform"][k]) <= 1e-4 * abs(losses["uniform"][k])
                    for k in losses["auto"])
         out.write_text(json.dumps({"times": slowest, "losses_equal": same,
