@@ -3,7 +3,8 @@
 A plan written by the search (``planner.name == "auto"``, layout ``"uniform"`` or
 ``"stages"``) gives each stage its own logical mesh, placements per parameter and per op,
 data axes and ZeRO stage (:mod:`autoplan.plan`). This runtime executes it as it is written;
-the uniform planner's plans keep the Megatron-style runtime of :mod:`engine.parallelize`.
+the uniform planner's plans, and search plans the uniform layout expresses exactly
+(:func:`runs_per_op`), keep the Megatron-style runtime of :mod:`engine.parallelize`.
 
 Per stage (this rank runs one, or ``virtual_stages`` chunks under interleaved 1F1B):
 
@@ -22,16 +23,22 @@ Per stage (this rank runs one, or ``virtual_stages`` chunks under interleaved 1F
    (:mod:`engine.transfer`), and the last stage computes the mean loss. Backward runs in the
    order of the plan's schedule (:func:`schedule_actions`: GPipe, 1F1B or interleaved 1F1B),
    sending input gradients back the same way.
-   Losses are scaled by ``1 / num_micro_batches``, so gradients are those of the mean loss.
+   Losses are scaled by ``1 / num_micro_batches``, so gradients are those of the mean loss;
+   logits sharded along the vocabulary take a vocabulary-parallel cross-entropy
+   (:func:`vocab_parallel_loss`). A stage whose weights are all replicated (plain data
+   parallelism) computes on local tensors instead (:mod:`engine.zero`'s local mode).
 6. **Step** — ZeRO's gradient reduction (:meth:`engine.zero.Zero.end_step`), AdamW on the
    at-rest parameters.
 
 Interleaved 1F1B (``virtual_stages`` chunks per pipeline rank) runs Megatron-LM's order
-(:func:`schedule_actions`). Not yet executed (refused with a message naming the field): tied
-embeddings and Hugging Face models.
+(:func:`schedule_actions`). Not yet executed (refused with a message naming the field, and
+avoided by the planner, :func:`per_op_gap`): Hugging Face models, tied embeddings, and
+Llama-style weights sharded per op.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -144,10 +151,7 @@ def check_staged_support(plan: Plan, spec, source: str) -> None:
 
 
 def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= int(x)
-    return out
+    return math.prod(int(x) for x in xs)
 
 
 class StagedPlace:
