@@ -68,6 +68,45 @@ def test_gpt_layers_are_pre_blocks_post_with_one_kind():
     assert graph.batch.batch_size == 2 and graph.batch.seq_len == 64
 
 
+def _layer_counts(graph: OpGraph) -> list[tuple[str, str, int]]:
+    return [(layer.name, layer.kind, len(layer.nodes)) for layer in graph.layers]
+
+
+@pytest.mark.parametrize("style", ["gpt", "llama"])
+def test_one_block_gpt_has_pre_block_post_like_two_blocks(style):
+    # Regression: a one-element block list used to be rejected as a block candidate (at
+    # least two units were required), so every op landed in <pre> and <post> was empty.
+    one = trace(resolve("gpt", **_gpt(layers=1, style=style)), 1, 64)
+    two = trace(resolve("gpt", **_gpt(layers=2, style=style)), 1, 64)
+    assert [layer.name for layer in one.layers] == ["<pre>", "blocks.0", "<post>"]
+    pre, block, post = _layer_counts(one)
+    # each layer holds the same ops as in the two-block model, blocks.0 the same kind
+    assert _layer_counts(two) == [pre, block, ("blocks.1", block[1], block[2]), post]
+    assert pre[2] > 0 and block[2] > 0 and post[2] > 0
+    assert {one.nodes[n].module_path.split(".")[0] for n in one.layers[1].nodes} == {"blocks"}
+    assert not any(one.nodes[n].module_path.startswith("blocks.")
+                   for layer in (one.layers[0], one.layers[2]) for n in layer.nodes)
+    assert [b.name for b in one.blocks()] == ["blocks.0"]
+
+
+def test_one_block_mlp_has_pre_block_post():
+    one = trace(resolve("mlp-tiny", depth=1), 8)
+    two = trace(resolve("mlp-tiny", depth=2), 8)
+    pre, block, post = _layer_counts(one)
+    assert [pre[0], block[0], post[0]] == ["<pre>", "blocks.0", "<post>"]
+    assert _layer_counts(two) == [pre, block, ("blocks.1", block[1], block[2]), post]
+
+
+def test_one_block_gpt_plan_names_its_three_layers():
+    import autoplan
+
+    spec = resolve("gpt-tiny", layers=1)
+    plan = autoplan.optimize(spec, "local-cpu", global_batch=4, planner="uniform")
+    names = [name for stage in plan.stages for name in stage.layer_names]
+    assert names == ["<pre>", "blocks.0", "<post>"]
+    assert plan.stages[0].layers[0] == 0 and plan.stages[-1].layers[1] == 3
+
+
 def test_param_count_matches_closed_form():
     for config in (_gpt(), _gpt(style="llama", kv_heads=2, tie_embeddings=True)):
         spec = resolve("gpt", **config)
@@ -215,6 +254,15 @@ def test_hf_gpt2_traces():
     assert graph.num_params == sum(p.numel() for p in model.parameters())
 
 
+def test_hf_gpt2_one_layer_has_its_block():
+    one = trace(resolve("hf:gpt2", n_layer=1, n_embd=64, n_head=4, vocab_size=256), 2, 32)
+    two = trace(resolve("hf:gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=256), 2, 32)
+    assert [layer.name for layer in one.layers] == ["<pre>", "transformer.h.0", "<post>"]
+    assert [len(layer.nodes) for layer in one.layers] == \
+        [len(two.layers[i].nodes) for i in (0, 1, 3)]
+    assert one.layers[1].kind == two.layers[1].kind
+
+
 def test_hf_llama_traces():
     spec = resolve("hf:llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                    num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
@@ -229,6 +277,16 @@ def test_hf_llama_traces():
     for name in ("self_attn.o_proj", "mlp.down_proj"):
         assert roles[f"model.layers.0.{name}"] == {"row"}
     assert graph.fwd_flops > 0 and graph.bwd_flops > graph.fwd_flops
+
+
+def test_hf_llama_one_layer_has_its_block():
+    spec = resolve("hf:llama", num_hidden_layers=1, hidden_size=64, intermediate_size=128,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    graph = trace(spec, 2, 32)
+    assert [layer.name for layer in graph.layers] == ["<pre>", "model.layers.0", "<post>"]
+    assert all(graph.nodes[n].module_path.startswith("model.layers.0")
+               for n in graph.layers[1].nodes)
+    assert graph.layers[0].nodes and graph.layers[2].nodes
 
 
 # ---- API and errors ---------------------------------------------------------------------

@@ -7,13 +7,17 @@ Blocks are found from the module tree and the op sequence, not from names:
    children with child containers replaced by their own children. The second variant
    flattens groups of blocks (Wide-ResNet's three groups, torchvision's ``layer1..4``-style
    Sequentials inside a list) into one sequence of blocks.
-2. A candidate is valid when at least two units ran and each ran as one contiguous run of
-   ops (a module called twice, or interleaved with other code, is not a block).
+2. A candidate is valid when at least one unit ran and each unit that ran did so as one
+   contiguous run of ops (a module called twice, or interleaved with other code, is not a
+   block). One unit is enough: a model built with a single block (``layers=1``) has a
+   one-element block list, and that element is still its block.
 3. A unit's signature is its op sequence: aten op, output shapes and dtypes, and module path
    relative to the unit. Units with equal signatures are structurally identical copies.
 4. The chosen candidate covers the most ops with units that have at least one identical
    sibling; ties go to fewer, larger units. With no repeats anywhere, the valid candidate
-   with the most units is used; with no valid candidate at all, the model is one layer.
+   with the most units is used (so a one-unit candidate is chosen only when no candidate
+   with two or more units is valid; among one-unit candidates the shallowest wins); with no
+   valid candidate at all, the model is one layer.
 
 Layers: ``<pre>`` (ops before the first block), one layer per block named by its FQN
 (ops between two blocks go with the earlier one), ``<post>`` (ops after the last block).
@@ -115,8 +119,8 @@ def _score(units: list[str], spans: dict[str, _Span], ops: Sequence[CapturedOp]
     Score, compared as a tuple: ops covered by repeated units; then fewer units when
     something repeats (bigger blocks), more units when nothing does; then shallower."""
     ran = sorted((u for u in units if u in spans), key=lambda u: spans[u].first)
-    if len(ran) < 2:
-        return None
+    if not ran:
+        return None          # a single unit is fine: a one-block model's block list
     prev_last = -1
     for u in ran:
         s = spans[u]
