@@ -78,3 +78,24 @@ def test_console_script_no_traceback(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and out.stderr.startswith("error: ")
+
+
+def test_console_script_imports_a_module_of_the_current_directory(tmp_path):
+    """``autoplan plan import:pkg.mod:fn`` as the README writes it: the console script does
+    not put the current directory on sys.path, autoplan does (as ``python -m`` would)."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    exe = shutil.which("autoplan")
+    if exe is None:
+        pytest.skip("the autoplan console script is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([exe, "plan", "import:tests.user_model:build", "--cluster",
+                           "local-cpu", "--global-batch", "8", "--planner", "uniform", "-o",
+                           str(out), "--json"], cwd=Path(__file__).resolve().parent.parent,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.is_file()

@@ -235,6 +235,13 @@ def _build_import(spec: ModelSpec) -> nn.Module:
     if not attr:
         raise ConfigError(f"import path {spec.name!r} must look like 'package.module:factory'",
                           field="model.name")
+    # as ``python -m`` and ``torchrun`` do, a module in the current directory resolves too
+    # (the ``autoplan`` console script does not put it on sys.path by itself)
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(mod_name)
     except ImportError as exc:
