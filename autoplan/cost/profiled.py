@@ -301,6 +301,21 @@ class CostProvenance:
         return f"{self.cluster}: {ops}; {links}; {cal}{share}"
 
 
+def resolve_cost_models(cluster: Cluster, precision: str = "mixed",
+                        compute: ComputeModel | None = None, comm: CommModel | None = None
+                        ) -> tuple[ComputeModel, CommModel, CostProvenance | None]:
+    """The compute and communication models a cost estimator runs on, and their provenance:
+    with neither ``compute`` nor ``comm`` given, the cluster's measured profiles and
+    calibration where it has them (:func:`cost_models_for`); otherwise the ones given, the
+    roofline / alpha-beta model standing in for one left out, and no provenance."""
+    provenance = None
+    if compute is None and comm is None:
+        compute, comm, provenance = cost_models_for(cluster, precision)
+    compute_dtype = "bfloat16" if precision == "mixed" else "float32"
+    return (compute or ComputeModel(cluster.device, dtype=compute_dtype),
+            comm or CommModel(cluster), provenance)
+
+
 def cost_models_for(cluster: Cluster, precision: str = "mixed",
                     profiles_dir: str | os.PathLike | None = None, *,
                     use_profiles: bool = True, calibrate: bool = True,

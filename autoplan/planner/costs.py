@@ -171,16 +171,12 @@ class CostModel:
         self.graph = graph
         self.cluster = cluster
         self.precision = precision
-        compute_dtype = "bfloat16" if precision == "mixed" else "float32"
         # the Estimator's models: measured op and link profiles and calibration where the
         # cluster has them (autoplan.cost.profiled), the roofline and alpha-beta otherwise
-        self.provenance = None
-        if compute is None and comm is None:
-            from autoplan.cost.profiled import cost_models_for
+        from autoplan.cost.profiled import resolve_cost_models
 
-            compute, comm, self.provenance = cost_models_for(cluster, precision)
-        self.compute = compute or ComputeModel(cluster.device, dtype=compute_dtype)
-        self.comm = comm or CommModel(cluster)
+        self.compute, self.comm, self.provenance = resolve_cost_models(cluster, precision,
+                                                                       compute, comm)
         calibration = getattr(self.provenance, "calibration", None)
         self.calibration = calibration if calibration is not None and \
             not calibration.is_identity else None

@@ -47,7 +47,7 @@ from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import activation_bytes, in_flight_micro_batches, model_state_bytes
-from autoplan.cost.profiled import cost_models_for
+from autoplan.cost.profiled import resolve_cost_models
 from autoplan.graph import OpGraph
 from autoplan.plan import MemoryBreakdown, ParallelConfig, Prediction, TimeBreakdown
 from autoplan.planner.build import split_layers
@@ -83,11 +83,8 @@ class Estimator:
         self.precision = precision
         compute_dtype = "bfloat16" if precision == "mixed" else "float32"
         # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
-        self.cost_provenance = None
-        if compute is None and comm is None:
-            compute, comm, self.cost_provenance = cost_models_for(cluster, precision)
-        self.compute = compute or ComputeModel(cluster.device, dtype=compute_dtype)
-        self.comm = comm or CommModel(cluster)
+        self.compute, self.comm, self.cost_provenance = resolve_cost_models(cluster, precision,
+                                                                            compute, comm)
         self.peak = cluster.device.peak_flops(compute_dtype)
         self.reduce_bytes = 4                      # gradients reduced in fp32
         self.flash_attention = flash_attention
