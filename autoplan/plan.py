@@ -140,6 +140,12 @@ class ParallelConfig:
         return " ".join(parts)
 
 
+def stage_ranks(parallel: ParallelConfig, pipeline_rank: int) -> tuple[int, ...]:
+    """Global ranks of pipeline rank ``p`` in the (pp, dp, tp) row-major mesh."""
+    per_stage = parallel.dp * parallel.tp
+    return tuple(range(pipeline_rank * per_stage, (pipeline_rank + 1) * per_stage))
+
+
 @dataclass(frozen=True, kw_only=True)
 class MeshSpec:
     shape: tuple[int, ...]

@@ -14,7 +14,7 @@ from torch.distributed.tensor import Shard
 from autoplan.errors import ConfigError, PlanError
 from autoplan.models.capabilities import capabilities
 from autoplan.models.registry import ModelSpec
-from autoplan.plan import Plan
+from autoplan.plan import Plan, stage_ranks
 from engine import model as model_lib
 from engine.tensor_parallel import parse_placement, tp_plan
 
@@ -86,10 +86,9 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
     if tuple(plan.mesh.shape) != (p.pp, p.dp, p.tp):
         raise PlanError(f"plan {source}: field 'mesh.shape' {list(plan.mesh.shape)} != "
                         f"[pp, dp, tp] = {[p.pp, p.dp, p.tp]}")
-    per_stage = p.dp * p.tp
     for st in plan.stages:
         pr = st.index % p.pp
-        want = tuple(range(pr * per_stage, (pr + 1) * per_stage))
+        want = stage_ranks(p, pr)
         if tuple(st.ranks) != want:
             raise PlanError(f"plan {source}: field 'stages[{st.index}].ranks' is "
                             f"{list(st.ranks)}; the engine runs stage {st.index} on pipeline "

@@ -13,7 +13,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, Iterable
 
 from autoplan.errors import AutoplanError
-from autoplan.plan import MESH_AXES, MeshSpec, ParallelConfig, Plan, Stage
+from autoplan.plan import MESH_AXES, MeshSpec, ParallelConfig, Plan, Stage, stage_ranks
 
 #: The plan fields the exporters understand; any other field with a non-default value
 #: makes a plan not expressible.
@@ -99,10 +99,8 @@ def uniform_layout(plan: Plan, target: str) -> Layout:
     if shapes != {(p.dp, p.tp)}:
         reasons.append(f"per-stage meshes {sorted(shapes)} (heterogeneous stages; the target "
                        f"runs one (dp, tp) = ({p.dp}, {p.tp}) everywhere)")
-    per_stage = p.dp * p.tp
     for st in plan.stages:
-        rank = st.index % p.pp
-        expected = tuple(range(rank * per_stage, (rank + 1) * per_stage))
+        expected = stage_ranks(p, st.index % p.pp)
         if tuple(st.ranks) != expected:
             reasons.append(f"stage {st.index} on ranks {st.ranks[0]}..{st.ranks[-1]} (the "
                            f"target puts it on {expected[0]}..{expected[-1]})")

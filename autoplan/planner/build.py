@@ -17,7 +17,7 @@ import torch
 import autoplan
 from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec
-from autoplan.plan import MeshSpec, ParallelConfig, Plan, Prediction, Stage
+from autoplan.plan import MeshSpec, ParallelConfig, Plan, Prediction, Stage, stage_ranks
 
 
 def split_layers(graph: OpGraph, num_chunks: int) -> list[tuple[int, int]]:
@@ -45,12 +45,6 @@ def split_layers(graph: OpGraph, num_chunks: int) -> list[tuple[int, int]]:
     bounds[-1][1] = n_layers
     assert pos == last + 1
     return [(a, b) for a, b in bounds]
-
-
-def stage_ranks(parallel: ParallelConfig, pipeline_rank: int) -> tuple[int, ...]:
-    """Global ranks of pipeline rank ``p`` in the (pp, dp, tp) row-major mesh."""
-    per_stage = parallel.dp * parallel.tp
-    return tuple(range(pipeline_rank * per_stage, (pipeline_rank + 1) * per_stage))
 
 
 def param_placements(graph: OpGraph, parallel: ParallelConfig) -> dict[str, dict[str, str]]:
