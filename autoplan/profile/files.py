@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 from autoplan.errors import ConfigError
 from autoplan.graph import TensorMeta
-from autoplan.plan import atomic_write_text
+from autoplan.plan import _DuplicateKey, _no_duplicates, atomic_write_text
 
 PROFILE_VERSION = 1
 PROVENANCE_KINDS = ("measured", "published")
@@ -188,19 +188,6 @@ def _join(where: str, name: str) -> str:
 
 
 # ---- files ---------------------------------------------------------------------------------
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
 
 def read_json(path: str | os.PathLike) -> Any:
     """Parse a profile file; anything unreadable becomes a ProfileError naming the file.
