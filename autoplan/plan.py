@@ -785,12 +785,21 @@ def _json_default(obj: Any) -> Any:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``."""
+    return _atomic_write(path, text, "w")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temp file in the same folder and ``os.replace``."""
+    return _atomic_write(path, data, "wb")
+
+
+def _atomic_write(path: str | os.PathLike, content: str | bytes, mode: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            f.write(content)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -12,14 +12,13 @@ Sections (HTML ids): ``summary``, ``mesh`` (device mesh and stage assignment), `
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import autoplan
 from autoplan.display import why_best
 from autoplan.models.names import describe
-from autoplan.plan import Plan, atomic_write_text
+from autoplan.plan import Plan, atomic_write_bytes, atomic_write_text
 from autoplan.report.html import Section, Table, render_page
 from autoplan.report.plots import (alternatives_figure, group_label, memory_figure,
                                    mesh_figure, time_figure)
@@ -86,21 +85,6 @@ def write_report(report: Report, *, html_path: str | os.PathLike | None = None,
         out["pngs"] = [str(atomic_write_bytes(folder / f"{name}.png", data))
                        for name, data in report.figures.items()]
     return out
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` via a temp file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 # ---- sections ----------------------------------------------------------------------------
