@@ -53,7 +53,7 @@ import reprlib
 import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from autoplan.errors import PlanError
 
@@ -693,26 +693,29 @@ def _cluster(value: Any, source: str) -> dict[str, Any]:
     """The embedded cluster, checked by :meth:`autoplan.cluster.Cluster.from_dict`; kept as
     written (so a plan saves back byte for byte)."""
     from autoplan.cluster import Cluster
-    from autoplan.errors import AutoplanError
 
-    _object(value, "cluster")
-    try:
-        Cluster.from_dict(value, source=source)
-    except AutoplanError as exc:
-        raise _nested_error(exc, "cluster", source) from None
-    return value
+    return _embedded(value, "cluster", source, lambda d: Cluster.from_dict(d, source=source))
 
 
 def _model(value: Any, source: str) -> dict[str, Any]:
     """The embedded model spec, checked by :meth:`autoplan.models.registry.ModelSpec.from_dict`."""
-    from autoplan.errors import AutoplanError
     from autoplan.models.registry import ModelSpec
 
-    _object(value, "model")
+    return _embedded(value, "model", source,
+                     lambda d: ModelSpec.from_dict(d, source_file=source))
+
+
+def _embedded(value: Any, name: str, source: str, check: Callable[[dict], Any]
+              ) -> dict[str, Any]:
+    """``value`` as written, once an object that ``check`` accepts; what ``check`` raises
+    is named under field ``name``."""
+    from autoplan.errors import AutoplanError
+
+    _object(value, name)
     try:
-        ModelSpec.from_dict(value, source_file=source)
+        check(value)
     except AutoplanError as exc:
-        raise _nested_error(exc, "model", source) from None
+        raise _nested_error(exc, name, source) from None
     return value
 
 
