@@ -18,16 +18,13 @@ import json
 import sys
 
 from autoplan.export import TARGETS
+from autoplan.workflow_cli import add_plan_command
 
 
 def add_export_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``export`` to ``subparsers``; returns its parser."""
-    p = subparsers.add_parser("export", help="write a plan as a torchtitan, Megatron-LM or "
-                                             "DeepSpeed configuration",
-                              description=__doc__.split("\n\n")[0],
-                              epilog=__doc__.split("\n\n", 1)[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("plan", help="plan JSON file")
+    p = add_plan_command(subparsers, "export", "write a plan as a torchtitan, Megatron-LM or "
+                                               "DeepSpeed configuration", __doc__)
     p.add_argument("--to", required=True, choices=TARGETS, dest="target",
                    help="the runtime whose configuration to write")
     p.add_argument("-o", "--output", help="file to write (default: print it)")

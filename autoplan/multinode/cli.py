@@ -18,16 +18,13 @@ import json
 import sys
 
 from autoplan.multinode.torchrun import DEFAULT_PORT, RENDEZVOUS
+from autoplan.workflow_cli import add_plan_command
 
 
 def add_launch_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``launch`` to ``subparsers``; returns its parser."""
-    p = subparsers.add_parser("launch", help="torchrun commands (or a SLURM script) to run a "
-                                             "plan on several nodes",
-                              description=__doc__.split("\n\n")[0],
-                              epilog=__doc__.split("\n\n", 1)[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("plan", help="plan JSON file")
+    p = add_plan_command(subparsers, "launch", "torchrun commands (or a SLURM script) to run "
+                                               "a plan on several nodes", __doc__)
     head = p.add_mutually_exclusive_group()
     head.add_argument("--nodes-file", help="hosts, one per line; the first is the head node")
     head.add_argument("--master-addr", help="the head node's address (rendezvous host)")

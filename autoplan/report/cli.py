@@ -16,15 +16,13 @@ import json
 import sys
 
 from autoplan.errors import ConfigError
+from autoplan.workflow_cli import add_plan_command
 
 
 def add_report_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``report`` to ``subparsers``; returns its parser."""
-    p = subparsers.add_parser("report", help="an HTML report (and PNG figures) of a plan",
-                              description=__doc__.split("\n\n")[0],
-                              epilog=__doc__.split("\n\n", 1)[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("plan", help="plan JSON file")
+    p = add_plan_command(subparsers, "report", "an HTML report (and PNG figures) of a plan",
+                         __doc__)
     p.add_argument("-o", "--output",
                    help="HTML file, self-contained with the images embedded (default "
                         "report.html, unless only --png is given)")
