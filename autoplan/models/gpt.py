@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
@@ -91,14 +91,9 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
-        from autoplan.errors import ConfigError
+        from autoplan.models.registry import config_from_dict
 
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown GPT config key(s) {unknown}; known: {sorted(known)}",
-                              field=f"model.{unknown[0]}")
-        return cls(**d)
+        return config_from_dict(cls, d, "GPT")
 
     def num_params(self) -> int:
         """Closed-form parameter count (used to cross-check the tracer)."""

@@ -10,7 +10,7 @@ The loss is computed in float32 whatever the parameter dtype.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
@@ -43,12 +43,9 @@ class MLPConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MLPConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown MLP config key(s) {unknown}; known: {sorted(known)}",
-                              field=f"model.{unknown[0]}")
-        return cls(**d)
+        from autoplan.models.registry import config_from_dict
+
+        return config_from_dict(cls, d, "MLP")
 
     def to_dict(self) -> dict:
         return asdict(self)

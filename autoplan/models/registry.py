@@ -37,6 +37,19 @@ MAX_SIZE = 2 ** 24
 MAX_LAYERS = 2 ** 12
 
 
+def config_from_dict(cls: type, d: dict, label: str) -> Any:
+    """The built-in config dataclass ``cls`` from ``d``; a key it lacks is a ConfigError
+    naming ``model.<key>`` and listing the known ones (``label``: the model family's name)."""
+    from dataclasses import fields as dc_fields
+
+    known = {f.name for f in dc_fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"unknown {label} config key(s) {unknown}; known: {sorted(known)}",
+                          field=f"model.{unknown[0]}")
+    return cls(**d)
+
+
 def check_config_types(cfg: Any, *, bounds: dict[str, tuple[int, int]] | None = None) -> None:
     """Check a built-in config dataclass's field values against their annotations, so a
     wrong-typed value (``--set layers='"2"'``, ``hidden=1e3``, ``seq_len=null``) is a

@@ -18,7 +18,7 @@ The batch is ``(images, labels)``: images (b, in_channels, image_size, image_siz
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
@@ -65,12 +65,9 @@ class WRNConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "WRNConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown Wide-ResNet config key(s) {unknown}; known: "
-                              f"{sorted(known)}", field=f"model.{unknown[0]}")
-        return cls(**d)
+        from autoplan.models.registry import config_from_dict
+
+        return config_from_dict(cls, d, "Wide-ResNet")
 
     def to_dict(self) -> dict:
         return asdict(self)
