@@ -175,7 +175,7 @@ class StagedPlace:
         axes = " ".join(f"{a} {c}/{n}" for (a, c), n in zip(self.coord.items(),
                                                            self.sm.ranks.shape))
         stages = "/".join(map(str, self.stages))
-        return (f"rank {self.rank}: stage {stages} of {self.num_stages} on "
+        return (f"per-op runtime, rank {self.rank}: stage {stages} of {self.num_stages} on "
                 f"{'x'.join(map(str, self.sm.ranks.shape))} ({axes}; data axes "
                 f"{list(self.sm.data_axes) or 'none'}), {self.device}")
 

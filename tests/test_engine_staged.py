@@ -29,6 +29,7 @@ from engine_helpers import TINY, losses, make_plan, max_rel_diff, run_plans
 STEPS = 12
 OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "20"]
 TOL = 1e-4
+BF16_TOL = 1e-2
 
 
 # ---- tier 1 -------------------------------------------------------------------------------
@@ -228,6 +229,9 @@ def plans():
     out = {name: _auto(*case) for name, case in CASES.items()}
     out["stages_2x1_zero3_then_1x2_tp"] = _mixed_submeshes(MODEL_A, 4)
     out["interleaved_dp2_pp2v2"] = _interleaved()
+    out["auto_pipeline_zero2_bf16"] = dataclasses.replace(
+        out["auto_pipeline_zero2"],
+        precision={"params": "float32", "compute": "bfloat16", "reduce": "float32"})
     return out
 
 
@@ -274,7 +278,7 @@ def test_search_chose_what_this_test_is_about(plans):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", [*CASES, "stages_2x1_zero3_then_1x2_tp",
-                                  "interleaved_dp2_pp2v2"])
+                                  "interleaved_dp2_pp2v2", "auto_pipeline_zero2_bf16"])
 def test_search_plan_trains_like_one_process(runs, references, name):
     got = losses(runs / name)
     ref = references[name]
@@ -285,7 +289,11 @@ def test_search_plan_trains_like_one_process(runs, references, name):
     assert len({round(v, 4) for v in ref.values()}) == STEPS
     diff = max_rel_diff(got, ref)
     print(f"parity {name}: max relative loss difference {diff:.2e}")
-    assert diff <= TOL, {k: (got[k], ref[k]) for k in ref}
+    # bfloat16 compute (autocast over DTensors, fp32 master weights) tracks fp32 closely
+    if name.endswith("_bf16"):
+        assert 0 < diff <= BF16_TOL, {k: (got[k], ref[k]) for k in ref}
+    else:
+        assert diff <= TOL, {k: (got[k], ref[k]) for k in ref}
 
 
 @pytest.mark.multiproc
