@@ -66,21 +66,28 @@ def runs_per_op(plan: Plan, spec=None) -> bool:
     forced = plan.planner.get("runtime")
     if forced in ("per_op", "uniform"):
         return forced == "per_op"
-    if plan.planner.get("name") != "auto":
-        return False
-    if plan.layout == "stages" or any(set(st.data_axes) - {"dp"} for st in plan.stages):
-        return True
-    if any(axes.get("dp", "Replicate()") != "Replicate()"
-           for axes in plan.param_placements.values()):
-        return True
+    return plan.planner.get("name") == "auto" and per_op_reason(plan, spec) is not None
+
+
+def per_op_reason(plan: Plan, spec=None) -> str | None:
+    """What in search plan ``plan`` the uniform layout cannot express (None: nothing)."""
+    if plan.layout == "stages":
+        return "its stages sit on submeshes of their own shapes"
+    for st in plan.stages:
+        extra = sorted(set(st.data_axes) - {"dp"})
+        if extra:
+            return f"stage {st.index} splits the batch along {extra} too"
+    for fqn, axes in sorted(plan.param_placements.items()):
+        if axes.get("dp", "Replicate()") != "Replicate()":
+            return f"weight {fqn} is {axes['dp']} along the data-parallel axis"
     from autoplan.models.registry import ModelSpec
     from engine.validate import check_engine_support
 
     try:
         check_engine_support(plan, spec or ModelSpec.from_dict(plan.model), "<plan>")
-    except PlanError:
-        return True
-    return False
+    except PlanError as exc:
+        return str(exc).removeprefix("plan <plan>: ")
+    return None
 
 
 def per_op_gap(spec, plan: Plan | None = None) -> str | None:

@@ -196,3 +196,21 @@ def test_command(problem, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error: DeepSpeed cannot express this plan")
     with pytest.raises(SystemExit):
         run_cli(["export", str(path), "--to", "colossalai"])
+
+
+def test_search_plans_export_when_uniform_and_refuse_per_op_placements_by_name(tmp_path):
+    """The default planner's plan exports when the uniform layout expresses it exactly;
+    a plan that places ops individually is refused with the reason."""
+    import dataclasses
+
+    import autoplan
+    from autoplan.export.common import NotExpressibleError, uniform_layout
+
+    plan = autoplan.optimize("gpt-small", "dgx-a100", global_batch=64)
+    assert plan.planner["name"] == "auto"
+    layout = uniform_layout(plan, "test")
+    assert sum(layout.blocks_per_chunk) == 8
+    sharded = dataclasses.replace(plan, param_placements={
+        **plan.param_placements, "head.weight": {"dp": "Shard(0)", "tp": "Replicate()"}})
+    with pytest.raises(NotExpressibleError, match="places ops individually.*head.weight"):
+        uniform_layout(sharded, "test")

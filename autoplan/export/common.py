@@ -4,7 +4,9 @@ Megatron-LM, torchtitan and DeepSpeed describe *uniform* parallelism: one (dp, t
 pipeline stage, stages of equal size on consecutive rank blocks, one checkpointing policy.
 :func:`uniform_layout` returns that layout or lists why the plan is not uniform; plans with
 per-stage meshes (Alpa-style) or with plan fields this module does not know (a newer plan
-format) are refused rather than exported wrongly.
+format) are refused rather than exported wrongly. A search plan is exported when the uniform
+layout expresses it exactly (:func:`engine.staged.per_op_reason` finds nothing), and refused
+with that reason when it places ops individually.
 """
 
 from __future__ import annotations
@@ -85,8 +87,36 @@ def is_block(name: str) -> bool:
     return not name.startswith("<")
 
 
+def _as_uniform(plan: Plan, target: str) -> Plan:
+    """A search plan the uniform layout expresses exactly, as the uniform planner would have
+    written it (its per-op detail dropped: every op follows the Megatron styles anyway);
+    NotExpressibleError, with the reason, for one that places ops individually."""
+    from dataclasses import replace
+
+    from autoplan.errors import PlanError
+
+    try:
+        from engine.staged import per_op_reason
+
+        why = per_op_reason(plan)
+    except (ImportError, PlanError) as exc:
+        why = str(exc)
+    if why is not None:
+        raise NotExpressibleError(target, [
+            f"the plan places ops individually (the engine's per-op runtime runs it): {why}; "
+            "plan with --planner uniform for a configuration to export"])
+    zero = {plan.parallel.zero if st.zero is None else st.zero for st in plan.stages}
+    if zero != {plan.parallel.zero}:
+        raise NotExpressibleError(target, [f"per-stage ZeRO stages {sorted(zero)}"])
+    stages = [replace(st, axis_names=("dp", "tp"), zero=None, micro_batch=None, data_axes=(),
+                      activation_placements={}, predicted={}) for st in plan.stages]
+    return replace(plan, stages=stages, comparison={})
+
+
 def uniform_layout(plan: Plan, target: str) -> Layout:
     """The plan's uniform layout; NotExpressibleError listing every non-uniform feature."""
+    if plan.planner.get("name") == "auto":
+        plan = _as_uniform(plan, target)
     reasons = _unknown_fields(plan, "") + _unknown_fields(plan.parallel, "parallel.")
     reasons += _unknown_fields(plan.mesh, "mesh.")
     for st in plan.stages:
