@@ -16,9 +16,9 @@ zero   forward / backward                                    after the last micr
 2      as 1, and after each micro-batch's backward its        --
        gradients are reduce-scattered into ``p.grad`` and
        the full ones freed
-3      each forward of the owning module gathers ``p``         what DTensor left partial is
-       inside autograd, so backward reduce-scatters its      reduced
-       gradient into ``p.grad``
+3      each forward of its block gathers ``p`` inside         what DTensor left partial is
+       autograd, so backward reduce-scatters its gradient    reduced
+       into ``p.grad``
 =====  ====================================================  ==============================
 
 **Local mode.** A stage whose every parameter is computed replicated is plain data
@@ -31,7 +31,8 @@ Collectives are **bucketed** as FSDP's are: one all-gather, one reduce-scatter a
 all-reduce per mesh axis for all of a stage's parameters (padded to equal shards, DTensor's
 ``torch.chunk`` split), not one per parameter — on a high-latency link (gloo over loopback,
 ~0.1-1 ms per collective) per-parameter collectives cost more than the step's compute.
-ZeRO-3's gathers are per module, inside autograd.
+ZeRO-3's gathers are per block (FSDP's unit; embeddings, final norm and head with the
+chunk), inside autograd, so a recomputed block gathers again.
 
 The gathered tensor is swapped into the owning module's ``_parameters`` for the computation
 and the at-rest parameter put back afterwards, so ``state_dict``, checkpoints and the
@@ -100,6 +101,46 @@ def _local_shape(t: DTensor, placements) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _unit(chunk: nn.Module, fqn: str) -> nn.Module:
+    """The module whose forward gathers ``fqn`` under ZeRO-3: its block (inside a
+    checkpoint wrapper, so a recomputed forward gathers again), else the chunk (embeddings,
+    final norm, head) — FSDP's units."""
+    prefix = getattr(chunk, "block_prefix", "blocks") + "."
+    if fqn.startswith(prefix):
+        key = fqn[len(prefix):].split(".", 1)[0]
+        block = chunk.blocks[key]
+        return getattr(block, "_checkpoint_wrapped_module", block)
+    return chunk
+
+
+class _GatherBucket(torch.autograd.Function):
+    """Forward: the at-rest shards of a unit's weights (one ZeRO axis) -> their compute
+    placements, by one all-gather; backward: their gradients -> the at-rest placements, by
+    one reduce-scatter (and all-reduces of other partial axes)."""
+
+    @staticmethod
+    def forward(ctx, zero: "Zero", k: int, slots: list, *shards: DTensor):
+        ctx.zero, ctx.slots = zero, slots
+        out = []
+        for s, local in zip(slots, zero._all_gather(slots, k)):
+            out.append(DTensor.from_local(local, s.param.device_mesh, s.compute,
+                                          run_check=False, shape=s.param.shape,
+                                          stride=s.param.stride()))
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        zero, slots = ctx.zero, ctx.slots
+        have = [i for i, g in enumerate(grads) if g is not None]
+        reduced = zero._reduce([grads[i] for i in have],
+                               [tuple(slots[i].param.placements) for i in have],
+                               [slots[i].axis for i in have]) if have else []
+        out: list = [None] * len(slots)
+        for i, g in zip(have, reduced):
+            out[i] = g
+        return (None, None, None, *out)
+
+
 @dataclass
 class Zero:
     """The ZeRO bookkeeping of one stage's chunk (module docstring)."""
@@ -115,21 +156,24 @@ class Zero:
         if local and zero == 3:
             raise ValueError("local mode gathers once per step; ZeRO-3 gathers per module")
         z = cls(zero=zero, sm=sm, local=local)
+        fqns: list[str] = []
         for mod_name, module in chunk.named_modules():
             for name, param in module.named_parameters(recurse=False):
                 fqn = f"{mod_name}.{name}" if mod_name else name
                 fqn = fqn.replace("_checkpoint_wrapped_module.", "")
                 z.slots.append(_Slot(module=module, name=name, param=param,
                                      compute=compute[fqn]))
+                fqns.append(fqn)
         if zero == 3:
-            owners: dict[int, list[_Slot]] = {}
-            for s in z.slots:
+            units: dict[int, tuple[nn.Module, list[_Slot]]] = {}
+            for fqn, s in zip(fqns, z.slots):
                 if s.axis is not None:
-                    owners.setdefault(id(s.module), []).append(s)
-            for slots in owners.values():
-                slots[0].module.register_forward_pre_hook(
+                    unit = _unit(chunk, fqn)
+                    units.setdefault(id(unit), (unit, []))[1].append(s)
+            for unit, slots in units.values():
+                unit.register_forward_pre_hook(
                     lambda _m, _a, slots=slots: z._gather_in_autograd(slots))
-                slots[0].module.register_forward_hook(
+                unit.register_forward_hook(
                     lambda _m, _a, _o, slots=slots: z._put_back(slots))
         return z
 
@@ -139,8 +183,15 @@ class Zero:
         s.module._parameters[s.name] = tensor      # noqa: SLF001 - FSDP2 swaps the same way
 
     def _gather_in_autograd(self, slots: list[_Slot]) -> None:
+        """ZeRO-3: one bucketed all-gather per shard axis for a unit's weights, whose
+        backward is one bucketed reduce-scatter (:class:`_GatherBucket`)."""
+        by_axis: dict[int, list[_Slot]] = {}
         for s in slots:
-            self._swap_in(s, s.param.redistribute(s.param.device_mesh, s.compute))
+            by_axis.setdefault(s.axis, []).append(s)
+        for k, group in sorted(by_axis.items()):
+            fulls = _GatherBucket.apply(self, k, group, *[s.param for s in group])
+            for s, full in zip(group, fulls):
+                self._swap_in(s, full)
 
     def _put_back(self, slots: list[_Slot]) -> None:
         for s in slots:
