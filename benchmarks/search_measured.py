@@ -154,9 +154,8 @@ def worker(auto_path: Path, uniform_path: Path, out: Path, rounds: int, block: i
     from autoplan.plan import Plan
     from benchmarks.common import alternating_blocks
     from engine.config import RunConfig
-    from engine.mesh import build_mesh, init_distributed
-    from engine.staged import StagedPlace, _trainer_class, build_stage_meshes, runs_per_op
-    from engine.train import Trainer
+    from engine.mesh import init_distributed
+    from engine.run import make_trainer
     from engine.validate import check_all
 
     cfg = RunConfig(steps=10**6, lr=LR, memory="off", out_dir=str(out.parent / "run"))
@@ -165,13 +164,7 @@ def worker(auto_path: Path, uniform_path: Path, out: Path, rounds: int, block: i
     for side, path in (("auto", auto_path), ("uniform", uniform_path)):
         plan = Plan.load(path)
         spec = check_all(plan, str(path), world_size=int(os.environ["WORLD_SIZE"]))
-        if runs_per_op(plan):
-            meshes = build_stage_meshes(plan, device.type)
-            trainers[side] = _trainer_class()(plan, spec, cfg, StagedPlace(plan, meshes, device),
-                                              meshes, source=str(path))
-        else:
-            trainers[side] = Trainer(plan, spec, cfg, build_mesh(plan, device, cfg.timeout_s),
-                                     source=str(path))
+        trainers[side] = make_trainer(plan, spec, cfg, device, source=str(path))
     slowest, losses = alternating_blocks(
         {side: trainer.train_step for side, trainer in trainers.items()}, rounds, block)
     if dist.get_rank() == 0:

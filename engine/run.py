@@ -84,22 +84,33 @@ def _single_process_env() -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
+def make_trainer(plan: Plan, spec, cfg: RunConfig, device, *, source: str):
+    """The trainer for ``plan`` on this rank (collective: builds the meshes): the uniform
+    runtime's, or the per-op runtime's for a search plan that needs it
+    (:func:`engine.staged.runs_per_op`)."""
+    from engine.mesh import build_mesh
+    from engine.placements import build_stage_meshes
+    from engine.staged import StagedPlace, StagedTrainer, runs_per_op
+    from engine.train import Trainer
+
+    if runs_per_op(plan, spec):
+        meshes = build_stage_meshes(plan, device.type)
+        return StagedTrainer(plan, spec, cfg, StagedPlace(plan, meshes, device), meshes,
+                             source=source)
+    return Trainer(plan, spec, cfg, build_mesh(plan, device, cfg.timeout_s), source=source)
+
+
 def execute(plan: Plan, source: str, cfg: RunConfig) -> dict[str, Any] | None:
     """Check, build the mesh, train; the process group is created if needed (and kept, so
     one launch may run several plans of the same world size in turn)."""
-    from engine.mesh import build_mesh, init_distributed
-    from engine.staged import execute_staged, runs_per_op
-    from engine.train import Trainer
+    from engine.mesh import init_distributed
     from engine.validate import check_all
 
     spec = check_all(plan, source, world_size=int(os.environ["WORLD_SIZE"]),
                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE",
                                                          os.environ["WORLD_SIZE"])))
     device = init_distributed(plan.mesh.device_type, cfg.timeout_s)
-    if runs_per_op(plan, spec):
-        return execute_staged(plan, spec, cfg, device, source=source)
-    pm = build_mesh(plan, device, cfg.timeout_s)
-    return Trainer(plan, spec, cfg, pm, source=source).run()
+    return make_trainer(plan, spec, cfg, device, source=source).run()
 
 
 def _is_collective_failure(exc: BaseException) -> bool:

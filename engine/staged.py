@@ -38,7 +38,10 @@ Llama-style weights sharded per op.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -49,10 +52,12 @@ from torch.distributed.tensor.parallel import loss_parallel
 from autoplan.errors import PlanError
 from autoplan.plan import Plan
 from engine import model as model_lib
+from engine.data import local_batch
 from engine.parallelize import apply_checkpointing
-from engine.placements import (StageMesh, activation_hooks, batch_rows, build_stage_meshes,
-                               distribute_parameters, register_cpu_attention)
+from engine.placements import (StageMesh, activation_hooks, batch_rows, distribute_parameters,
+                               register_cpu_attention)
 from engine.transfer import Boundary, check_routes
+from engine.train import Trainer
 from engine.zero import Zero, at_rest
 
 
@@ -168,7 +173,6 @@ class StagedPlace:
         self.rank = dist.get_rank()
         self.device = device
         self.num_stages = len(plan.stages)
-        self.pp = plan.parallel.pp
         self.stages = tuple(sm.index for sm in stage_meshes if sm.contains(self.rank))
         self.stage = self.stages[0]
         sm = stage_meshes[self.stage]
@@ -192,7 +196,7 @@ class StagedStage:
 
     def __init__(self, plan: Plan, spec, place: StagedPlace, stage_meshes: list[StageMesh],
                  index: int, *, seed: int, autocast_dtype: torch.dtype | None,
-                 op_modules: dict[str, tuple[str, int, int]]):
+                 op_modules: Callable[[], dict[str, tuple[str, int, int]]]):
         register_cpu_attention()
         self.plan, self.place, self.index = plan, place, index
         st = plan.stages[index]
@@ -201,7 +205,12 @@ class StagedStage:
         zero = plan.parallel.zero if st.zero is None else st.zero
         chunk = model_lib.build_chunk(spec, st.layer_names)                     # 1-2
         compute = distribute_parameters(chunk, plan, st, sm, at_rest(sm, zero))
-        self.hooks = activation_hooks(chunk, st, sm, op_modules)
+        # plain data parallelism (every weight replicated, ZeRO 0-2) skips DTensor
+        self.local = zero != 3 and all(isinstance(p, Replicate)
+                                       for pl in compute.values() for p in pl)
+        # the op -> module map comes from a trace, taken only when a stage needs it
+        self.hooks = 0 if self.local or not st.activation_placements else \
+            activation_hooks(chunk, st, sm, op_modules())
         apply_checkpointing(chunk, st.checkpoint_layers)                       # 3
         model_lib.materialize(chunk, model_lib.initializer(spec), place.device, seed)  # 4
         if autocast_dtype is not None:
@@ -209,9 +218,6 @@ class StagedStage:
                                            dtype=autocast_dtype)(chunk.forward)
         chunk.train()
         self.chunk = chunk
-        # plain data parallelism (every weight replicated, ZeRO 0-2) skips DTensor
-        self.local = zero != 3 and all(isinstance(p, Replicate)
-                                       for pl in compute.values() for p in pl)
         self.zero = Zero.attach(chunk, zero, sm, compute, local=self.local)
         n = len(plan.stages)
         self.micro = plan.global_batch // plan.parallel.num_micro_batches
@@ -221,7 +227,6 @@ class StagedStage:
             stage_meshes[index - 1], sm, self.micro, place.rank, link=index - 1)
         self.next = None if self.last else Boundary(
             sm, stage_meshes[index + 1], self.micro, place.rank, link=index)
-        check_routes(stage_meshes, self.micro)
 
     # ---- the actions of a schedule -------------------------------------------------------
     def forward(self, i: int, inputs: torch.Tensor, targets: torch.Tensor, state: dict,
@@ -236,24 +241,17 @@ class StagedStage:
             local = self.prev.recv(i, self.place.device, backward=False)
             local.requires_grad_(True)
         if self.local:
-            if self.last:
-                out = self.chunk(local, targets[base + lo:base + hi])
-            else:
-                out = self.chunk(local)
-            state[i] = (local, out)
-            if self.last:
-                return out
-            sends.extend(self.next.send(out.detach(), i, backward=False))
-            return None
-        x = DTensor.from_local(local, sm.mesh, pl, run_check=False)
-        with implicit_replication():
-            if self.last:
-                y = DTensor.from_local(targets[base + lo:base + hi], sm.mesh, pl,
-                                       run_check=False)
-                out = vocab_parallel_loss(self.chunk(x), y)
-            else:
-                out = self.chunk(x)
-                out = out.redistribute(sm.mesh, pl).to_local()
+            out = self.chunk(local, targets[base + lo:base + hi]) if self.last else \
+                self.chunk(local)
+        else:
+            x = DTensor.from_local(local, sm.mesh, pl, run_check=False)
+            with implicit_replication():
+                if self.last:
+                    y = DTensor.from_local(targets[base + lo:base + hi], sm.mesh, pl,
+                                           run_check=False)
+                    out = vocab_parallel_loss(self.chunk(x), y)
+                else:
+                    out = self.chunk(x).redistribute(sm.mesh, pl).to_local()
         state[i] = (local, out)
         if self.last:
             return out.detach().full_tensor() if isinstance(out, DTensor) else out
@@ -262,7 +260,9 @@ class StagedStage:
 
     def backward(self, i: int, state: dict, sends: list, scale: float) -> None:
         local, out = state.pop(i)
-        with implicit_replication(), loss_parallel():
+        # the vocabulary-parallel loss's backward needs its context (vocab_parallel_loss)
+        lp = loss_parallel() if self.last and not self.local else contextlib.nullcontext()
+        with implicit_replication(), lp:
             if self.last:
                 # local mode: the loss is this rank's rows' mean; the micro-batch's mean is
                 # the average over the data pieces, which the gradient reduction sums
@@ -390,42 +390,31 @@ def trace_op_modules(spec, seq_len: int, dtype: torch.dtype
     return out
 
 
-def _trainer_class():
-    from engine.data import local_batch
-    from engine.train import Trainer
+class StagedTrainer(Trainer):
+    """:class:`engine.train.Trainer` with this module's stages in place of the uniform
+    runtime's chunks and schedule (same loop, metrics, checkpoints)."""
 
-    class StagedTrainer(Trainer):
-        """:class:`engine.train.Trainer` with this module's stage in place of the uniform
-        runtime's chunks and schedule (same loop, metrics, checkpoints)."""
+    def __init__(self, plan: Plan, spec, cfg, place: StagedPlace,
+                 stage_meshes: list[StageMesh], *, source: str = "<plan>"):
+        self.stage_meshes = stage_meshes
+        super().__init__(plan, spec, cfg, place, source=source)
 
-        def __init__(self, plan: Plan, spec, cfg, place: StagedPlace,
-                     stage_meshes: list[StageMesh], *, source: str = "<plan>"):
-            self.stage_meshes = stage_meshes
-            super().__init__(plan, spec, cfg, place, source=source)
+    def _build(self) -> None:
+        prec = self.precision
+        op_modules = functools.cache(
+            lambda: trace_op_modules(self.spec, self.seq_len, prec.compute))
+        self.staged = [StagedStage(self.plan, self.spec, self.pm, self.stage_meshes, c,
+                                   seed=self.cfg.seed,
+                                   autocast_dtype=prec.compute if prec.autocast else None,
+                                   op_modules=op_modules)
+                       for c in self.pm.stages]
+        check_routes(self.stage_meshes, self.staged[0].micro)
+        self.chunks = [st.chunk for st in self.staged]
+        self.schedule = None
+        self.has_loss = any(st.last for st in self.staged)
 
-        def _build(self) -> None:
-            prec = self.precision
-            op_modules = trace_op_modules(self.spec, self.seq_len, prec.compute)
-            self.staged = [StagedStage(self.plan, self.spec, self.pm, self.stage_meshes, c,
-                                       seed=self.cfg.seed,
-                                       autocast_dtype=prec.compute if prec.autocast else None,
-                                       op_modules=op_modules)
-                           for c in self.pm.stages]
-            self.chunks = [st.chunk for st in self.staged]
-            self.schedule = None
-            self.has_loss = any(st.last for st in self.staged)
-
-        def _forward_backward(self, step: int) -> torch.Tensor:
-            inputs, targets = local_batch(self.data, step, dp=1, dp_rank=0,
-                                          device=self.pm.device)
-            loss = run_micro_batches(self.staged, inputs, targets)
-            return loss if loss is not None else torch.zeros((), device=self.pm.device)
-
-    return StagedTrainer
-
-
-def execute_staged(plan: Plan, spec, cfg, device: torch.device, *, source: str):
-    """Build every stage mesh, then train this rank's stage (collective)."""
-    meshes = build_stage_meshes(plan, device.type)
-    place = StagedPlace(plan, meshes, device)
-    return _trainer_class()(plan, spec, cfg, place, meshes, source=source).run()
+    def _forward_backward(self, step: int) -> torch.Tensor:
+        inputs, targets = local_batch(self.data, step, dp=1, dp_rank=0,
+                                      device=self.pm.device)
+        loss = run_micro_batches(self.staged, inputs, targets)
+        return loss if loss is not None else torch.zeros((), device=self.pm.device)
