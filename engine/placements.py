@@ -33,16 +33,20 @@ import numpy as np
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
+from torch.distributed.tensor import (DTensor, Partial, Placement, Replicate, Shard,
+                                      distribute_tensor)
 
 from autoplan.errors import PlanError
 from autoplan.plan import Plan, Stage
+from engine.tensor_parallel import parse_placement
 
 _PLACEMENT = re.compile(r"^(Replicate|Shard|Partial|_StridedShard)\((\w*|-?\d+)\)$")
 
 
-def parse(text: str, where: str) -> Placement:
-    """``"Shard(1)"`` -> ``Shard(1)``; ``where`` names the plan field in errors."""
+def parse_activation(text: str, where: str) -> Placement | None:
+    """``"Shard(1)"`` -> ``Shard(1)``; None for ``_StridedShard(d)`` (a flattened dimension
+    sharded along its inner factor: its rows are not a contiguous block, so the engine lets
+    DTensor choose rather than force it); ``where`` names the plan field in errors."""
     m = _PLACEMENT.match(text.strip()) if isinstance(text, str) else None
     if m is None:
         raise PlanError(f"field '{where}': {text!r} is not a placement "
@@ -53,14 +57,8 @@ def parse(text: str, where: str) -> Placement:
     if kind == "Partial":
         return Partial(arg or "sum")
     if kind == "_StridedShard":
-        # a flattened dimension sharded along its inner factor: its rows are not a
-        # contiguous block, so the engine lets DTensor choose rather than force it
-        raise _Unforceable(text)
+        return None
     return Shard(int(arg))
-
-
-class _Unforceable(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -129,19 +127,8 @@ def batch_rows(sm: StageMesh, rank: int, micro_batch: int) -> tuple[int, int]:
 def param_placements(plan: Plan, st: Stage, fqn: str) -> tuple[Placement, ...]:
     """The placements ``fqn`` is computed with on ``st``'s axes (absent: replicated)."""
     axes = plan.param_placements.get(fqn, {})
-    out = []
-    for a in st.axis_names:
-        text = axes.get(a, "Replicate()")
-        try:
-            p = parse(text, f"param_placements.{fqn}.{a}")
-        except _Unforceable:
-            raise PlanError(f"field 'param_placements.{fqn}.{a}': {text} is for activations "
-                            "only") from None
-        if isinstance(p, Partial):
-            raise PlanError(f"field 'param_placements.{fqn}.{a}': a parameter cannot be "
-                            f"{text}")
-        out.append(p)
-    return tuple(out)
+    return tuple(parse_placement(axes.get(a, "Replicate()"), f"{fqn}.{a}")
+                 for a in st.axis_names)
 
 
 def distribute_parameters(chunk: nn.Module, plan: Plan, st: Stage, sm: StageMesh,
@@ -165,16 +152,10 @@ def distribute_parameters(chunk: nn.Module, plan: Plan, st: Stage, sm: StageMesh
                         raise PlanError(f"field 'param_placements.{fqn}.{a}': {p} of shape "
                                         f"{tuple(param.shape)} over {size} ranks")
             compute[fqn] = pl
-            rest = at_rest(fqn, param, pl)
-            dt = _meta_dtensor(param, sm.mesh, rest)
+            dt = distribute_tensor(param.detach(), sm.mesh, list(at_rest(fqn, param, pl)),
+                                   src_data_rank=None)          # on meta: no data moves
             module.register_parameter(name, nn.Parameter(dt, requires_grad=param.requires_grad))
     return compute
-
-
-def _meta_dtensor(param: torch.Tensor, mesh: DeviceMesh, placements) -> DTensor:
-    from torch.distributed.tensor import distribute_tensor
-
-    return distribute_tensor(param.detach(), mesh, list(placements), src_data_rank=None)
 
 
 def activation_hooks(chunk: nn.Module, st: Stage, sm: StageMesh,
@@ -189,11 +170,10 @@ def activation_hooks(chunk: nn.Module, st: Stage, sm: StageMesh,
         if op not in op_modules:
             continue
         fqn, op_rank, out_rank = op_modules[op]
-        try:
-            pl = tuple(parse(axes.get(a, "Replicate()"),
-                             f"stages[{st.index}].activation_placements.{op}.{a}")
-                       for a in st.axis_names)
-        except _Unforceable:
+        pl = tuple(parse_activation(axes.get(a, "Replicate()"),
+                                    f"stages[{st.index}].activation_placements.{op}.{a}")
+                   for a in st.axis_names)
+        if None in pl:
             continue
         if op_rank != out_rank:
             if (op_rank, out_rank) != (2, 3):

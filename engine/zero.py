@@ -79,15 +79,25 @@ class _Slot:
     name: str
     param: nn.Parameter                # the at-rest DTensor (what the optimizer updates)
     compute: tuple[Placement, ...]
-    full: DTensor | None = None        # the gathered copy during a step (ZeRO-1/2)
+    axis: int | None = None            # the mesh dim ZeRO shards it along (None: not sharded)
+    full: torch.Tensor | None = None   # the gathered copy during a step (ZeRO-1/2, local mode)
 
-    @property
-    def axis(self) -> int | None:
-        """The mesh dim ZeRO shards this parameter along (None: not sharded)."""
-        for k, (a, b) in enumerate(zip(self.param.placements, self.compute)):
-            if a != b:
-                return k
-        return None
+    def __post_init__(self) -> None:
+        self.axis = next((k for k, (a, b) in enumerate(zip(self.param.placements,
+                                                           self.compute)) if a != b), None)
+
+    def as_dtensor(self, local: torch.Tensor, placements) -> DTensor:
+        """``local`` as this parameter's (or its gradient's) DTensor with ``placements``."""
+        return DTensor.from_local(local, self.param.device_mesh, placements, run_check=False,
+                                  shape=self.param.shape, stride=self.param.stride())
+
+
+def _by_axis(slots: list[_Slot]) -> list[tuple[int | None, list[_Slot]]]:
+    """``slots`` grouped by ZeRO axis, unsharded (None) first: one bucket each."""
+    groups: dict[int | None, list[_Slot]] = {}
+    for s in slots:
+        groups.setdefault(s.axis, []).append(s)
+    return sorted(groups.items(), key=lambda kv: -1 if kv[0] is None else kv[0])
 
 
 def _chunk_sizes(n: int, parts: int) -> list[int]:
@@ -121,12 +131,8 @@ class _GatherBucket(torch.autograd.Function):
     @staticmethod
     def forward(ctx, zero: "Zero", k: int, slots: list, *shards: DTensor):
         ctx.zero, ctx.slots = zero, slots
-        out = []
-        for s, local in zip(slots, zero._all_gather(slots, k)):
-            out.append(DTensor.from_local(local, s.param.device_mesh, s.compute,
-                                          run_check=False, shape=s.param.shape,
-                                          stride=s.param.stride()))
-        return tuple(out)
+        return tuple(s.as_dtensor(local, s.compute)
+                     for s, local in zip(slots, zero._all_gather(slots, k)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -185,10 +191,7 @@ class Zero:
     def _gather_in_autograd(self, slots: list[_Slot]) -> None:
         """ZeRO-3: one bucketed all-gather per shard axis for a unit's weights, whose
         backward is one bucketed reduce-scatter (:class:`_GatherBucket`)."""
-        by_axis: dict[int, list[_Slot]] = {}
-        for s in slots:
-            by_axis.setdefault(s.axis, []).append(s)
-        for k, group in sorted(by_axis.items()):
+        for k, group in _by_axis(slots):
             fulls = _GatherBucket.apply(self, k, group, *[s.param for s in group])
             for s, full in zip(group, fulls):
                 self._swap_in(s, full)
@@ -291,20 +294,11 @@ class Zero:
         parameter is swapped for a plain tensor, so the stage computes without DTensor."""
         if self.zero not in (1, 2) and not self.local:
             return
-        by_axis: dict[int | None, list[_Slot]] = {}
-        for s in self.slots:
-            if s.axis is not None or self.local:
-                by_axis.setdefault(s.axis, []).append(s)
-        for k, slots in sorted(by_axis.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        for k, slots in _by_axis([s for s in self.slots if s.axis is not None or self.local]):
             gathered = self._all_gather(slots, k) if k is not None else \
                 [s.param.to_local() for s in slots]
             for s, local in zip(slots, gathered):
-                if self.local:
-                    full = local.detach()
-                else:
-                    full = DTensor.from_local(local, s.param.device_mesh, s.compute,
-                                              run_check=False, shape=s.param.shape,
-                                              stride=s.param.stride())
+                full = local.detach() if self.local else s.as_dtensor(local, s.compute)
                 full.requires_grad_(s.param.requires_grad)
                 s.full = full
                 self._swap_in(s, full)
@@ -314,19 +308,14 @@ class Zero:
         if self.zero == 2:
             self._reduce_full_grads()
 
-    def _as_partial(self, s: _Slot, grad: torch.Tensor) -> DTensor:
-        """A local-mode gradient as the DTensor it is: partial sums over the data axes."""
-        mesh = s.param.device_mesh
-        placements = [Partial() if a in self.sm.data_axes else Replicate()
-                      for a in self.sm.axis_names]
-        return DTensor.from_local(grad, mesh, placements, run_check=False,
-                                  shape=s.param.shape, stride=s.param.stride())
-
     def _reduce_full_grads(self) -> None:
         slots = [s for s in self.slots if s.full is not None and s.full.grad is not None]
         if not slots:
             return
-        grads = [self._as_partial(s, s.full.grad) if self.local else s.full.grad
+        # a local-mode gradient is what it is: partial sums over the data axes
+        partial = [Partial() if a in self.sm.data_axes else Replicate()
+                   for a in self.sm.axis_names]
+        grads = [s.as_dtensor(s.full.grad, partial) if self.local else s.full.grad
                  for s in slots]
         reduced = self._reduce(grads, [tuple(s.param.placements) for s in slots],
                                [s.axis for s in slots])
