@@ -575,6 +575,20 @@ def _finite_numbers(obj: Any, where: str = "") -> None:
                 and math.isfinite(obj)), f"prediction{where} = {obj!r} is not a finite number"
 
 
+def _load_json_input(inp: FuzzInput, path: Path, load, error: type, roots):
+    """Write the fuzzed bytes to ``path`` and ``load`` them: ``(object, None)``, or
+    ``(None, "rejected: <error>")`` once the rejection is checked to be ``error`` naming
+    the file and the field."""
+    path.write_bytes(inp.data)
+    try:
+        return load(path), None
+    except AutoplanError as exc:
+        assert isinstance(exc, error), f"{type(exc).__name__} is not a {error.__name__}"
+        assert_names_location(str(exc), (str(path),), lambda: oracle_parse(inp.data, "json"),
+                              roots)
+        return None, f"rejected: {error.__name__}"
+
+
 def check_plan_input(inp: FuzzInput, work: Path) -> str:
     """Load a fuzzed plan file with :meth:`Plan.load`."""
     from autoplan.cluster import Cluster
@@ -582,14 +596,9 @@ def check_plan_input(inp: FuzzInput, work: Path) -> str:
     from autoplan.plan import Plan
 
     path = work / "plan.json"
-    path.write_bytes(inp.data)
-    try:
-        plan = Plan.load(path)
-    except AutoplanError as exc:
-        assert isinstance(exc, PlanError), f"{type(exc).__name__} is not a PlanError"
-        assert_names_location(str(exc), (str(path),), lambda: oracle_parse(inp.data, "json"),
-                              PLAN_ROOTS)
-        return "rejected: PlanError"
+    plan, rejected = _load_json_input(inp, path, Plan.load, PlanError, PLAN_ROOTS)
+    if rejected:
+        return rejected
     # accepted: it validates, its embedded sections are valid, its figures are finite
     # numbers, and it survives save -> load byte for byte
     plan.validate()
@@ -669,14 +678,9 @@ def check_profile_input(inp: FuzzInput, work: Path) -> str:
     cls, roots = (OpProfile, OP_ROOTS) if inp.note.startswith("ops:") else (LinkProfile,
                                                                              LINK_ROOTS)
     path = work / "profile.json"
-    path.write_bytes(inp.data)
-    try:
-        prof = cls.load(path)
-    except AutoplanError as exc:
-        assert isinstance(exc, ProfileError), f"{type(exc).__name__} is not a ProfileError"
-        assert_names_location(str(exc), (str(path),), lambda: oracle_parse(inp.data, "json"),
-                              roots)
-        return "rejected: ProfileError"
+    prof, rejected = _load_json_input(inp, path, cls.load, ProfileError, roots)
+    if rejected:
+        return rejected
     # compared as JSON text: a NaN in a free-form provenance record is not equal to itself
     text = json.dumps(prof.to_dict(), sort_keys=True)
     again = cls.from_dict(json.loads(text), source="<round trip>")
