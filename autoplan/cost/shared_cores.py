@@ -24,8 +24,9 @@ copies and reductions run on the cores the backward needs, so overlap hides noth
 pipeline bubble costs nothing as long as other ranks have work for the idle core — it shows
 only when ``T_dep`` binds.
 
-Tensor-parallel collectives are counted one per sharded matmul, as the engine's DTensor TP
-issues them (``parallelize_module``: an all-reduce of every row-parallel output in forward,
+Tensor-parallel collectives are counted one per sharded matmul (under sequence parallelism:
+an all-gather per gathered module input, :func:`tp_gathers`, and a reduce-scatter per
+row-parallel matmul, their duals in backward), as the engine's DTensor TP issues them (``parallelize_module``: an all-reduce of every row-parallel output in forward,
 of every column-parallel input gradient in backward — q, k and v separately), each of its own
 bytes; the GPU composition prices one all-reduce per layer and direction (Megatron-LM fuses
 QKV and coalesces them). Each sharded matmul also costs the device's measured
@@ -67,6 +68,23 @@ def tp_collectives(layer: Layer, graph: OpGraph) -> tuple[int, int]:
             rows += node.tp_role == "row"
             cols += node.tp_role == "column"
     return rows, cols
+
+
+def tp_gathers(layer: Layer, graph: OpGraph) -> int:
+    """Sequence-sharded inputs ``layer`` all-gathers under sequence parallelism: one per
+    distinct activation its column-parallel matmuls read (through views), as the engine's
+    ``PrepareModuleInput(Shard(1) -> Replicate())`` gathers a module's input once for all its
+    column-parallel linears (q, k and v share one gather)."""
+    roots = set()
+    for name in layer.nodes:
+        node = graph.nodes[name]
+        if node.params and op_kind(node) == "matmul" and node.tp_role == "column":
+            for src in node.inputs:
+                while src in graph.nodes and op_kind(graph.nodes[src]) == "view" \
+                        and len(graph.nodes[src].inputs) == 1:
+                    src = graph.nodes[src].inputs[0]
+                roots.add(src)
+    return len(roots)
 
 
 @dataclass(frozen=True)

@@ -415,7 +415,10 @@ class CostModel:
                 o0 = s.outputs[0] if s.outputs else None
                 shard = math.prod(sizes[x] for x in range(AXES)
                                   if o0 is not None and o0[x].startswith("S"))
-                rec.saved.append((node.saved_bytes, batchy, shard))
+                # its saved outputs grow with the batch if they do (not a loss's scalars)
+                grows = any(_scaled(p, m) for p, m in zip(info.output_shapes,
+                                                          node.output_meta))
+                rec.saved.append((node.saved_bytes, grows, shard))
             for o, spec in enumerate(s.outputs):
                 rec.o_specs[(pos, o)] = spec
             for q, spec in enumerate(s.inputs):

@@ -35,13 +35,15 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 from autoplan.cluster import Cluster
+from autoplan.cost.batch_scale import batch_tensors
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import PRECISION_BYTES, activation_bytes
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
-from autoplan.cost.shared_cores import tp_collectives
+from autoplan.cost.shared_cores import tp_collectives, tp_gathers
 from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucket, StepModel, \
     Workload
 from autoplan.graph import OpGraph
@@ -81,14 +83,40 @@ class Estimator:
                               peak_flops=self.peak,
                               shared=prov.composer if prov is not None else None,
                               calibration=prov.calibration if prov is not None else None)
-        self._tp_counts: dict[int, tuple[int, int]] = {}
+        self._tp_counts: dict[int, tuple[int, int, int]] = {}
 
     # ---- per layer, cached by (layer kind, tp, sp) --------------------------------------
     @functools.lru_cache(maxsize=None)
     def _layer_time(self, index: int, tp: int, sp: bool, micro_batch: int) -> tuple[float, float]:
-        return self.compute.layer_time(self.graph.layers[index], self.graph, tp=tp,
-                                       sequence_parallel=sp,
-                                       micro_batch_scale=micro_batch / self.b0)
+        """(forward, backward) compute seconds of layer ``index`` on one device of a TP group
+        of ``tp``: ``column``/``row``/``sharded`` ops do 1/tp of their work, ``replicated``
+        ones only sequence-sharded (``ComputeModel.layer_time``'s rule); ops on tensors that
+        grow with the batch run at the micro-batch, the others (position ids, the causal
+        mask) at their traced size, as the search prices them."""
+        scale = micro_batch / self.b0
+        fwd = bwd = 0.0
+        for name in self.graph.layers[index].nodes:
+            node = self.graph.nodes[name]
+            sharded = node.tp_role != "replicated" or sp
+            f, b = self.compute.op_time_at(node, self.graph, tp if sharded else 1,
+                                           scale if self._batchy[name][0] else 1.0)
+            fwd += f
+            bwd += b
+        return fwd, bwd
+
+    @functools.cached_property
+    def _batchy(self) -> dict[str, tuple[bool, bool]]:
+        """node -> (does it read or write a tensor that grows with the batch?, do its
+        outputs?): batch-dependent (:func:`~autoplan.cost.batch_scale.batch_tensors`) and
+        not a scalar."""
+        flags = batch_tensors(self.graph)
+        out = {}
+        for name, node in self.graph.nodes.items():
+            ins, produced = flags[name]
+            writes = produced and any(len(m.shape) > 0 for m in node.output_meta)
+            reads = any(f and len(m.shape) > 0 for f, m in zip(ins, node.input_meta))
+            out[name] = (reads or writes, writes)
+        return out
 
     def _kind_time(self, index: int, tp: int, sp: bool, micro_batch: int) -> tuple[float, float]:
         return self._layer_time(self._rep[self.graph.layers[index].kind], tp, sp, micro_batch)
@@ -113,45 +141,138 @@ class Estimator:
         same_node = p.dp * p.tp * 2 <= self.cluster.devices_per_node
         return Group(size=2, ranks_per_node=2 if same_node else 1)
 
+    @functools.cached_property
+    def _first_block(self) -> int:
+        return next((l.index for l in self.graph.layers if _is_block(l.name)), 0)
+
+    @functools.cached_property
+    def _replicated_params(self) -> list[float]:
+        """Per layer: parameters of its own read only by ``replicated`` ops (norms,
+        embeddings; not a row-parallel op's bias, added before its output is reduced)."""
+        tp_read = {fqn for node in self.graph.nodes.values() if node.tp_role != "replicated"
+                   for fqn in node.params}
+        out = [0.0] * len(self.graph.layers)
+        for info in self.graph.params.values():
+            if info.tp_dim is None and info.name not in tp_read:
+                out[info.layer] += info.numel
+        return out
+
+    @functools.cached_property
+    def _stats(self) -> list:
+        """Per layer: its ``LayerStats`` without the saved tensors that do not grow with the
+        micro-batch, and those bytes (position ids, a loss's scalars: kept once, whatever the
+        micro-batch, unsharded)."""
+        out = []
+        for layer in self.graph.layers:
+            fixed = fixed_tp = 0
+            for name in layer.nodes:
+                node = self.graph.nodes[name]
+                if node.saved_bytes and not self._batchy[name][1]:
+                    fixed += node.saved_bytes
+                    fixed_tp += node.saved_bytes if node.tp_role in ("column", "sharded") else 0
+            st = layer.stats
+            if fixed:
+                st = replace(st, saved_bytes=st.saved_bytes - fixed,
+                             saved_bytes_tp=st.saved_bytes_tp - fixed_tp)
+            out.append((st, float(fixed)))
+        return out
+
+    def _sequence_sharded(self, index: int, sp: bool) -> bool:
+        """Does layer ``index`` run sequence-sharded? Under sequence parallelism every layer
+        from the first block on; the embeddings before it stay replicated (as the engine
+        runs them: the first block slices its input)."""
+        return sp and index >= self._first_block
+
+    def _slices_input(self, index: int, start: int, sp: bool) -> bool:
+        """Does layer ``index`` (of a chunk starting at ``start``) slice its input along the
+        sequence? The first block after the replicated embeddings in the same chunk, under
+        sequence parallelism (Replicate -> Shard(1): free forward, its gradient all-gathered
+        in backward)."""
+        return sp and index == self._first_block and index > start
+
+    @functools.lru_cache(maxsize=None)
+    def _slice_reads(self, index: int) -> tuple[int, float]:
+        """(reads, bytes) of the tensors layer ``index`` reads from layer ``index - 1``: each
+        read slices and gathers the gradient on its own (one collective per consumer, as
+        the search prices an edge)."""
+        reads, nbytes = 0, 0.0
+        for name in self.graph.layers[index].nodes:
+            for src in self.graph.nodes[name].inputs:
+                node = self.graph.nodes.get(src)
+                if node is not None and node.layer == index - 1:
+                    reads += 1
+                    nbytes += sum(m.nbytes for m in node.output_meta)
+        return reads, nbytes
+
+    def _tp_comm(self, st, scale: float, sp: bool, group: Group, sliced: float = 0.0
+                 ) -> tuple[float, float]:
+        """(forward, backward) TP collectives of one layer: an all-reduce of the row-parallel
+        outputs in forward and of the column-parallel input gradients in backward
+        (Megatron-LM); sequence-sharded, an all-gather of the column inputs and a
+        reduce-scatter of the row outputs in forward, their duals in backward (Korthikanti
+        et al. 2022, sec. 4.2.2), and the gradient of a sliced input (``sliced`` bytes)
+        gathered with them. Collectives of one kind in one direction are one collective of
+        their summed bytes (the search's convention)."""
+        row, col = st.tp_allreduce_fwd_bytes * scale, st.tp_allreduce_bwd_bytes * scale
+        if not sp:
+            return (self.comm.time("all_reduce", row, group),
+                    self.comm.time("all_reduce", col, group))
+        return (self.comm.time("all_gather", col, group)
+                + self.comm.time("reduce_scatter", row, group),
+                self.comm.time("all_gather", row + sliced, group)
+                + self.comm.time("reduce_scatter", col, group))
+
     @functools.lru_cache(maxsize=None)
     def _layers(self, start: int, end: int, tp: int, sp: bool, micro_batch: int,
                 checkpoint: bool) -> tuple:
         """Per micro-batch sums over layers [start, end): compute, TP communication,
-        parameters, activations, the recompute peak, the largest gathered layer, and the TP
+        parameters (synced over dp; over dp x tp: those of sequence-sharded replicated ops),
+        activations, the recompute peak, the largest gathered layer, and the TP
         communication as issued on shared CPU cores."""
         scale = micro_batch / self.b0
         fwd = bwd = tp_f = tp_b = act = peak = gathered = 0.0
-        params = 0.0
+        params = params_sp = 0.0
         group = Group(size=tp, ranks_per_node=min(tp, self.cluster.devices_per_node))
         for i in range(start, end):
             layer = self.graph.layers[i]
             st = layer.stats
-            f, b = self._kind_time(i, tp, sp, micro_batch)
+            sp_l = self._sequence_sharded(i, sp)
+            f, b = self._kind_time(i, tp, sp_l, micro_batch)
             fwd += f
             bwd += b
+            sliced = self._slices_input(i, start, sp)
             if tp > 1:
-                tp_f += self.comm.time("all_reduce", st.tp_allreduce_fwd_bytes * scale, group)
-                tp_b += self.comm.time("all_reduce", st.tp_allreduce_bwd_bytes * scale, group)
+                cf, cb = self._tp_comm(st, scale, sp_l, group,
+                                       self._slice_reads(i)[1] * scale if sliced else 0.0)
+                tp_f += cf
+                tp_b += cb
             local = st.params_tp / tp + (st.params - st.params_tp)
-            params += local
+            synced_tp = self._replicated_params[i] if sp_l else 0.0
+            params += local - synced_tp
+            params_sp += synced_tp
             gathered = max(gathered, local * self.param_bytes)
             ckpt = checkpoint and _is_block(layer.name)
-            act += activation_bytes(st, tp=tp, sequence_parallel=sp, checkpoint=ckpt,
+            grown, fixed = self._stats[i]
+            full = activation_bytes(grown, tp=tp, sequence_parallel=sp_l, checkpoint=False,
                                     micro_batch_scale=scale,
-                                    flash_attention=self.flash_attention)
+                                    flash_attention=self.flash_attention) + fixed
             if ckpt:
-                full = activation_bytes(st, tp=tp, sequence_parallel=sp, checkpoint=False,
-                                        micro_batch_scale=scale,
+                # the kept input, sharded as it arrives (replicated from the embeddings)
+                act += activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
+                                        checkpoint=True, micro_batch_scale=scale,
                                         flash_attention=self.flash_attention)
                 peak = max(peak, full)
-        cpu_f, cpu_b = self._shared_tp(start, end, tp, scale, group)
-        return fwd, bwd, tp_f, tp_b, params, act, peak, gathered, cpu_f, cpu_b
+            else:
+                act += full
+        cpu_f, cpu_b = self._shared_tp(start, end, tp, sp, scale, group)
+        return fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b
 
-    def _shared_tp(self, start: int, end: int, tp: int, scale: float, group: Group
+    def _shared_tp(self, start: int, end: int, tp: int, sp: bool, scale: float, group: Group
                    ) -> tuple[float, float]:
-        """(forward, backward) TP seconds on ranks sharing CPU cores: one all-reduce per
-        sharded matmul, each of its own bytes, plus DTensor's per-matmul work
-        (:mod:`autoplan.cost.shared_cores`); (0, 0) elsewhere."""
+        """(forward, backward) TP seconds on ranks sharing CPU cores: one collective per
+        sharded matmul (all-reduces; all-gathers and reduce-scatters sequence-sharded), each
+        of its own bytes, plus DTensor's per-matmul work (:mod:`autoplan.cost.shared_cores`);
+        (0, 0) elsewhere."""
         shared = self.step.shared
         if shared is None or tp == 1:
             return 0.0, 0.0
@@ -159,23 +280,35 @@ class Estimator:
         for i in range(start, end):
             layer = self.graph.layers[i]
             if i not in self._tp_counts:
-                self._tp_counts[i] = tp_collectives(layer, self.graph)
-            n_f, n_b = self._tp_counts[i]
+                self._tp_counts[i] = (*tp_collectives(layer, self.graph),
+                                      tp_gathers(layer, self.graph))
+            n_f, n_b, n_g = self._tp_counts[i]
             st = layer.stats
             fwd += shared.matmul_overhead(n_f + n_b)
             bwd += shared.matmul_overhead(n_f + n_b)
-            if st.tp_allreduce_fwd_bytes > 0:
-                fwd += shared.split_time(self.comm, "all_reduce",
-                                         st.tp_allreduce_fwd_bytes * scale, n_f, group)
-            if st.tp_allreduce_bwd_bytes > 0:
-                bwd += shared.split_time(self.comm, "all_reduce",
-                                         st.tp_allreduce_bwd_bytes * scale, n_b, group)
+            row, col = st.tp_allreduce_fwd_bytes * scale, st.tp_allreduce_bwd_bytes * scale
+            if not self._sequence_sharded(i, sp):
+                if row > 0:
+                    fwd += shared.split_time(self.comm, "all_reduce", row, n_f, group)
+                if col > 0:
+                    bwd += shared.split_time(self.comm, "all_reduce", col, n_b, group)
+                continue
+            if col > 0:
+                fwd += shared.split_time(self.comm, "all_gather", col, n_g, group)
+            if row > 0:
+                fwd += shared.split_time(self.comm, "reduce_scatter", row, n_f, group)
+            reads, sliced = self._slice_reads(i) if self._slices_input(i, start, sp) else (0, 0)
+            if row + sliced > 0:
+                bwd += shared.split_time(self.comm, "all_gather", row + sliced * scale,
+                                         n_f + reads, group)
+            if col > 0:
+                bwd += shared.split_time(self.comm, "reduce_scatter", col, n_g, group)
         return fwd, bwd
 
     def chunk_cost(self, start: int, end: int, p: ParallelConfig, *, last: bool) -> ChunkCost:
         """The :class:`~autoplan.cost.step.ChunkCost` of layers [start, end) under ``p``."""
         ckpt = p.checkpoint == "full"
-        (fwd, bwd, tp_f, tp_b, params, act, peak, gathered, cpu_f,
+        (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f,
          cpu_b) = self._layers(start, end, p.tp, p.sequence_parallel, p.micro_batch, ckpt)
         send = 0.0
         if not last:
@@ -183,8 +316,12 @@ class Estimator:
             out_bytes = self.graph.layers[end - 1].stats.output_bytes * scale / p.tp
             send = self.comm.time("send_recv", out_bytes, self.pp_link(p))
         modules = 1 + sum(_is_block(self.graph.layers[i].name) for i in range(start, end))
-        bucket = ParamBucket(("dp",), params, self.dp_group(p))
-        return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, ckpt, (bucket,), gathered,
+        buckets = (ParamBucket(("dp",), params, self.dp_group(p)),)
+        if params_sp:          # sequence-sharded norms: gradients summed over dp x tp
+            n = p.dp * p.tp
+            buckets += (ParamBucket(("dp", "tp"), params_sp,
+                                    Group(size=n, ranks_per_node=min(n, self.cluster.devices_per_node))),)
+        return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, ckpt, buckets, gathered,
                          p.zero, p.dp * p.tp, cpu_f, cpu_b, modules)
 
     # ---- one configuration ---------------------------------------------------------------

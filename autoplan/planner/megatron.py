@@ -115,7 +115,8 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
     """The uniform configuration ``parallel`` (a :class:`~autoplan.plan.ParallelConfig`) as
     the search's :class:`~autoplan.planner.evaluate.PipelineChoice`: the Estimator's chunks
     (:func:`~autoplan.planner.build.split_layers`), each on a ``(dp, tp)`` mesh with the
-    cheapest Megatron layout (the ILP restricted by :func:`megatron_restrict`)."""
+    cheapest Megatron layout (the ILP restricted by :func:`megatron_restrict`; under
+    sequence parallelism with the embeddings replicated, as the grid prices them)."""
     from autoplan.planner.build import split_layers
     from autoplan.planner.compose import Composition, build_problem
     from autoplan.planner.evaluate import PipelineChoice, StageChoice
@@ -154,14 +155,9 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
 
     if not p.sequence_parallel or p.tp == 1:
         return build(None)
-    # sequence parallelism: the embeddings sequence-sharded or replicated, whichever the
-    # evaluator prices faster (the ILP's objective does not compose the step)
-    found = []
-    for variant in (False, True):
-        try:
-            found.append(build(variant))
-        except InfeasibleError:
-            continue
-    if not found:
+    # sequence parallelism: the embeddings replicated, as the engine's uniform runtime runs
+    # them and the Estimator prices them (the first block slices its input)
+    try:
+        return build(True)
+    except InfeasibleError:
         return build(None)
-    return min(found, key=lambda c: ev.predict(c).step_time_s)
