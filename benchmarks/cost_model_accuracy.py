@@ -76,7 +76,7 @@ def make_plans(out: Path) -> dict[str, Path]:
         plan = autoplan.estimate(MODEL, CLUSTER, global_batch=GLOBAL_BATCH, problem=problem,
                                  **kw)
         est = problem.estimator()
-        plan.planner["cost_model"] = est.cost_provenance.to_dict() \
+        plan.planner.details["cost_model"] = est.cost_provenance.to_dict() \
             if est.cost_provenance else None
         paths[name] = out / f"{name}.json"
         plan.save(paths[name])

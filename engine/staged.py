@@ -67,11 +67,10 @@ def runs_per_op(plan: Plan, spec=None) -> bool:
     expresses exactly — one mesh ``(pp, dp, tp)``, the batch split along ``dp`` only, every
     weight replicated along ``dp`` and placed along ``tp`` as a Megatron-LM style of
     :mod:`engine.tensor_parallel` — where FSDP2 and the tensor-parallel styles overlap their
-    communication better. ``planner["runtime"]`` (``"per_op"``/``"uniform"``) forces it."""
-    forced = plan.planner.get("runtime")
-    if forced in ("per_op", "uniform"):
-        return forced == "per_op"
-    return plan.planner.get("name") == "auto" and per_op_reason(plan, spec) is not None
+    communication better. ``plan.runtime`` (``"per_op"``/``"uniform"``) forces it."""
+    if plan.runtime is not None:
+        return plan.runtime == "per_op"
+    return plan.planner.name == "auto" and per_op_reason(plan, spec) is not None
 
 
 def per_op_reason(plan: Plan, spec=None) -> str | None:

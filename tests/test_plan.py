@@ -107,3 +107,78 @@ def test_invalid_plan_is_not_written(tmp_path):
     with pytest.raises(PlanError):
         plan.save(tmp_path / "p.json")
     assert not os.path.exists(tmp_path / "p.json")
+
+
+# ---- version 3: typed planner metadata, runtime, per-stage times, migration ------------------
+
+OLD_PLANS = os.path.join(os.path.dirname(__file__), "data", "plans")
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(OLD_PLANS)))
+def test_plans_of_earlier_versions_load_migrated(name, tmp_path):
+    """Plans written by earlier autoplans (committed files: v1 by the code before plan format
+    v2, 6d5c8b2^; v2 by 44725ce) load as version 3: the free-form planner object typed, its
+    runtime moved to the plan, nothing else changed; saved again they load identically."""
+    path = os.path.join(OLD_PLANS, name)
+    with open(path) as f:
+        raw = json.load(f)
+    assert raw["version"] in (1, 2)
+    plan = Plan.load(path)
+    assert plan.version == 3
+    assert plan.planner.name == raw["planner"]["name"]
+    assert plan.runtime == raw["planner"].get("runtime")
+    for key, value in raw["planner"].items():
+        if key in ("name", "label", "evaluated", "feasible", "note"):
+            assert getattr(plan.planner, key) == value, key
+        elif key != "runtime":
+            assert plan.planner.details[key] == value, key
+    assert plan.parallel == ParallelConfig(**raw["parallel"])
+    assert [s.layers for s in plan.stages] == [tuple(s["layers"]) for s in raw["stages"]]
+    assert plan.prediction.step_time_s == raw["prediction"]["step_time_s"]
+    assert plan.prediction.stage_times == ()           # not recorded before version 3
+    again = Plan.load(plan.save(tmp_path / "p.json"))
+    assert again.to_json() == plan.to_json()
+
+
+def test_planner_metadata_is_typed_and_runtime_validated(tmp_path):
+    plan = _plan(planner={"name": "auto", "label": "x", "evaluated": 3, "feasible": 2,
+                          "runtime": "per_op", "explain": [{"op": "mm"}]})
+    assert plan.planner.name == "auto" and plan.planner.evaluated == 3
+    assert plan.runtime == "per_op"                    # moved out of the planner mapping
+    assert plan.planner.details == {"explain": [{"op": "mm"}]}
+    assert plan.planner["name"] == "auto" and plan.planner.get("explain") == [{"op": "mm"}]
+    d = Plan.load(plan.save(tmp_path / "p.json")).to_dict()
+    assert d["runtime"] == "per_op" and d["planner"]["details"] == {"explain": [{"op": "mm"}]}
+    for bad, field in ((dict(d, runtime="fast"), "field 'runtime'"),
+                       (dict(d, planner={**d["planner"], "evaluated": -1}),
+                        "field 'planner.evaluated'"),
+                       (dict(d, planner={**d["planner"], "name": 3}), "field 'planner.name'")):
+        with pytest.raises(PlanError, match=field):
+            Plan.from_dict(bad, source="x.json")
+
+
+def test_label_follows_the_placements():
+    """``Plan.label`` does not call an axis with no sharded weight tensor parallelism."""
+    sharded = _plan()
+    assert "tp2 " in sharded.label() + " " and "(repl)" not in sharded.label()
+    replicated = _plan(param_placements={"blocks.0.attn.q.weight": {"tp": "Replicate()",
+                                                                    "dp": "Replicate()"}})
+    assert "tp2(repl)" in replicated.label()
+    assert replicated.parallel.label() == sharded.parallel.label()
+
+
+def test_stage_times_round_trip(tmp_path):
+    from dataclasses import replace
+
+    from autoplan.plan import StageTime
+
+    plan = _plan()
+    times = (StageTime(forward=1.0, backward=2.0, send=0.1),
+             StageTime(forward=1.5, backward=3.0, tp_forward=0.2))
+    plan = replace(plan, prediction=replace(plan.prediction, stage_times=times))
+    again = Plan.load(plan.save(tmp_path / "p.json"))
+    assert again.prediction.stage_times == times
+    d = again.to_dict()
+    d["prediction"]["stage_times"][0]["forward"] = "fast"
+    with pytest.raises(PlanError, match=r"field 'prediction.stage_times\[0\].forward'"):
+        Plan.from_dict(d, source="x.json")

@@ -51,7 +51,7 @@ from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_kind
 from autoplan.cost.memory import PRECISION_BYTES
-from autoplan.cost.step import REDUCE_BYTES       # gradients are reduced in fp32
+from autoplan.cost.step import REDUCE_BYTES  # noqa: F401  (fp32 gradients; compose, tables)
 from autoplan.graph import OpGraph
 from autoplan.planner.mesh import LogicalMesh
 from autoplan.planner.strategies import AXES, KindGraph, Spec, Strategy, members, shard_dim

@@ -319,8 +319,8 @@ class Estimator:
         buckets = (ParamBucket(("dp",), params, self.dp_group(p)),)
         if params_sp:          # sequence-sharded norms: gradients summed over dp x tp
             n = p.dp * p.tp
-            buckets += (ParamBucket(("dp", "tp"), params_sp,
-                                    Group(size=n, ranks_per_node=min(n, self.cluster.devices_per_node))),)
+            group = Group(size=n, ranks_per_node=min(n, self.cluster.devices_per_node))
+            buckets += (ParamBucket(("dp", "tp"), params_sp, group),)
         return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, ckpt, buckets, gathered,
                          p.zero, p.dp * p.tp, cpu_f, cpu_b, modules)
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 from autoplan.errors import ConfigError
 from autoplan.graph import TensorMeta
-from autoplan.plan import _DuplicateKey, _no_duplicates, atomic_write_text
+from autoplan.plan_fields import DuplicateKey, atomic_write_text, no_duplicates
 
 PROFILE_VERSION = 1
 PROVENANCE_KINDS = ("measured", "published")
@@ -208,11 +208,11 @@ def read_json(path: str | os.PathLike) -> Any:
         raise ProfileError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}",
                            source=str(path)) from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
+        return json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise ProfileError(f"not valid JSON (line {exc.lineno}: {exc.msg})",
                            source=str(path)) from None
-    except _DuplicateKey as exc:
+    except DuplicateKey as exc:
         raise ProfileError(f"not valid JSON: duplicate key {exc.args[0]!r}",
                            source=str(path)) from None
     except RecursionError:

@@ -55,6 +55,6 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"report written to {written['html']}")
     for path in written["pngs"]:
         print(f"figure written to {path}")
-    if report.timing.source != "estimator":
+    if report.timing.source not in ("plan", "estimator"):
         print(f"note: {report.timing.note}", file=sys.stderr)
     return 0

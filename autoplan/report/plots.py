@@ -163,7 +163,7 @@ def alternatives_figure(plan: Plan, top_k: int = 8) -> Figure | None:
     """Predicted step time of this plan and the best alternatives the planner kept."""
     if not plan.alternatives or plan.prediction is None:
         return None
-    rows = [(plan.parallel.label() + "  (this plan)", plan.prediction.step_time_s,
+    rows = [(plan.label() + "  (this plan)", plan.prediction.step_time_s,
              plan.prediction.memory.total / GB, True)]
     rows += [(a["parallel"], a["step_time_s"], a.get("memory_gb", float("nan")), False)
              for a in plan.alternatives[:top_k]]
@@ -182,8 +182,11 @@ def alternatives_figure(plan: Plan, top_k: int = 8) -> Figure | None:
     ax.set_xlim(0, values.max() * 1.45)
     ax.set_xlabel(f"predicted step time ({unit}); text: time · ratio to this plan · memory "
                   "per device")
-    ax.set_title(f"Top {len(rows) - 1} alternatives of {plan.planner.get('feasible', '?')} "
-                 f"feasible configurations ({plan.planner.get('evaluated', '?')} evaluated)",
+    info = plan.planner
+    feasible = "?" if info.feasible is None else info.feasible
+    evaluated = "?" if info.evaluated is None else info.evaluated
+    ax.set_title(f"Top {len(rows) - 1} alternatives of {feasible} "
+                 f"feasible configurations ({evaluated} evaluated)",
                  fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     return fig

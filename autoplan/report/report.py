@@ -61,7 +61,7 @@ def build_report(plan: Plan, *, problem=None, top_k: int = 8) -> Report:
         figures["alternatives"] = png_bytes(alternatives)
     cl = plan.cluster
     title = f"autoplan report: {describe(plan.model)} on {cl.get('name', 'cluster')}"
-    subtitle = (f"{plan.parallel.label()} — {cl.get('nodes')} × {cl.get('devices_per_node')} "
+    subtitle = (f"{plan.label()} — {cl.get('nodes')} × {cl.get('devices_per_node')} "
                 f"{(cl.get('device') or {}).get('name', '')}, global batch {plan.global_batch}"
                 f", sequence {plan.seq_len}")
     sections = (_summary(plan), _mesh(plan, timing, step, figures),
@@ -70,7 +70,7 @@ def build_report(plan: Plan, *, problem=None, top_k: int = 8) -> Report:
     notes = (timing.note,
              "All figures are predictions of autoplan's cost model; `autoplan run PLAN` "
              "(or torchrun -m engine.run PLAN) measures the real step time and memory.",
-             f"autoplan {autoplan.__version__}; plan by {plan.planner.get('name', '?')}.")
+             f"autoplan {autoplan.__version__}; plan by {plan.planner.name or '?'}.")
     return Report(title, subtitle, sections, figures, notes, timing, step)
 
 
@@ -95,7 +95,7 @@ def _summary(plan: Plan) -> Section:
             ("cluster", f"{cl.get('nodes')} nodes × {cl.get('devices_per_node')} "
                         f"{(cl.get('device') or {}).get('name', '?')} ({cl.get('name')})"),
             ("batch", f"global batch {plan.global_batch} samples, sequence {plan.seq_len}"),
-            ("configuration", plan.parallel.label()),
+            ("configuration", plan.label()),
             ("precision", ", ".join(f"{k} {v}" for k, v in sorted(plan.precision.items())))]
     pred = plan.prediction
     if pred is not None:
@@ -114,9 +114,9 @@ def _summary(plan: Plan) -> Section:
                  ("time breakdown", ", ".join(f"{k} {100 * v / total:.0f}%"
                                               for k, v in parts.items() if v > 0))]
     planner = plan.planner
-    if planner.get("evaluated"):
-        rows.append(("planner", f"{planner.get('name')}: {planner.get('evaluated')} "
-                                f"configurations evaluated, {planner.get('feasible')} fit"))
+    if planner.evaluated:
+        rows.append(("planner", f"{planner.name}: {planner.evaluated} "
+                                f"configurations evaluated, {planner.feasible} fit"))
     return Section("summary", "Summary", tables=(Table(("what", "value"), tuple(rows)),))
 
 
@@ -192,7 +192,7 @@ def _alternatives(plan: Plan, figures: dict, top_k: int) -> Section:
                        "This plan records no alternatives (it was estimated for a given "
                        "configuration, not searched); `autoplan plan` keeps the next best.")
     best = plan.prediction
-    rows = [(plan.parallel.label() + " (this plan)", f"{best.step_time_s:.4g}", "1.000",
+    rows = [(plan.label() + " (this plan)", f"{best.step_time_s:.4g}", "1.000",
              f"{100 * best.mfu:.1f}", f"{best.memory.total / GB:.1f}", "")]
     for a in plan.alternatives[:top_k]:
         rows.append((a["parallel"], f"{a['step_time_s']:.4g}",
@@ -203,6 +203,6 @@ def _alternatives(plan: Plan, figures: dict, top_k: int) -> Section:
                    "why slower (vs this plan)"), tuple(rows), numeric=(1, 2, 3, 4))
     return Section("alternatives", "Alternatives considered",
                    f"The {len(rows) - 1} fastest other configurations that fit, of "
-                   f"{plan.planner.get('feasible', '?')} feasible.",
+                   f"{'?' if plan.planner.feasible is None else plan.planner.feasible} feasible.",
                    figures.get("alternatives"), "predicted step times of alternatives",
                    (table,))

@@ -1,14 +1,15 @@
 """Per-stage forward / backward times of a plan, per micro-batch: what the timeline draws.
 
-A plan's :class:`~autoplan.plan.Prediction` holds the step's totals, not the time of each
-stage. A search plan records them per stage (``stages[i].predicted``); for a uniform plan
-:func:`stage_timing` gets them from the planner's own cost function
-(:class:`~autoplan.planner.estimate.Estimator`), re-tracing the plan's model on the meta
-device (:func:`autoplan.api.prepare`; a few seconds) unless the caller passes the traced
-:class:`~autoplan.api.Problem`. If the model cannot be rebuilt here (an ``import:`` model
-whose package is missing, say), it falls back to an approximation from the prediction's
-breakdown: every chunk equal, backward twice the forward (Narayanan et al. 2021, sec. 3.2),
-and says so in :attr:`StageTiming.note`.
+A version-3 plan carries them (``prediction.stage_times``, from the one step composition,
+:mod:`autoplan.cost.step`): they are read, nothing is re-traced. Plans written before
+(versions 1 and 2) do not: a search plan's ``stages[i].predicted`` gives compute and
+communication per stage (backward taken as twice the forward); a uniform plan is re-priced
+with the grid's :class:`~autoplan.planner.estimate.Estimator`, re-tracing the plan's model on
+the meta device (:func:`autoplan.api.prepare`; a few seconds) unless the caller passes the
+traced :class:`~autoplan.api.Problem`. If the model cannot be rebuilt here (an ``import:``
+model whose package is missing, say), it falls back to an approximation from the
+prediction's breakdown: every chunk equal, backward twice the forward (Narayanan et al.
+2021, sec. 3.2), and says so in :attr:`StageTiming.note`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoplan.errors import AutoplanError
-from autoplan.plan import Plan
+from autoplan.plan import Plan, StageTime
 
 #: Relative difference between the re-estimated and the recorded step time worth a note.
 DRIFT_NOTE = 0.01
@@ -49,7 +50,7 @@ class ChunkTime:
 @dataclass(frozen=True)
 class StageTiming:
     chunks: tuple[ChunkTime, ...]      # one per plan stage (model chunk), in stage order
-    source: str                        # "search", "estimator" or "approximate"
+    source: str                        # "plan", "search", "estimator" or "approximate"
     note: str = ""                     # how the figures were obtained, or a caveat
 
 
@@ -63,6 +64,9 @@ def stage_timing(plan: Plan, problem=None) -> StageTiming:
     ``problem``: the plan's model already traced for its cluster
     (:func:`autoplan.api.prepare`), to skip re-tracing.
     """
+    recorded = _from_plan(plan)
+    if recorded is not None:
+        return recorded
     searched = _from_search(plan)
     if searched is not None:
         return searched
@@ -77,11 +81,26 @@ def stage_timing(plan: Plan, problem=None) -> StageTiming:
     return _from_estimator(plan, problem)
 
 
+def _chunk(t: StageTime) -> ChunkTime:
+    return ChunkTime(forward=t.forward, backward=t.backward, recompute=t.recompute,
+                     tp_forward=t.tp_forward, tp_backward=t.tp_backward,
+                     tp_recompute=t.tp_recompute, send=t.send)
+
+
+def _from_plan(plan: Plan) -> StageTiming | None:
+    """The plan's own per-stage times (version 3), or None when it has none."""
+    pred = plan.prediction
+    if pred is None or len(pred.stage_times) != len(plan.stages):
+        return None
+    return StageTiming(tuple(_chunk(t) for t in pred.stage_times), "plan",
+                       "per-stage times recorded in the plan by its planner")
+
+
 def _from_search(plan: Plan) -> StageTiming | None:
     """A search plan's own per-stage figures (``stages[i].predicted``: compute, in-layer
     communication, recomputation, send per micro-batch; backward twice the forward), or None
     when the plan has none (a uniform plan)."""
-    if plan.planner.get("name") != "auto":
+    if plan.planner.name != "auto":
         return None
     chunks = []
     for st in plan.stages:
@@ -114,20 +133,7 @@ def _retrace(plan: Plan):
 def _from_estimator(plan: Plan, problem) -> StageTiming:
     p = plan.parallel
     est = problem.estimator()
-    pp_cross = est.pp_link(p).ranks_per_node == 1
-    last = len(plan.stages) - 1
-    chunks = []
-    for st in plan.stages:
-        tp = st.mesh_shape[-1] if len(st.mesh_shape) == 2 else p.tp
-        ckpt = bool(st.checkpoint_layers)
-        # The Estimator's per-chunk cost: the same numbers the planner composed into the
-        # plan's prediction (a public per-stage field on Prediction would make this a read).
-        c = est._chunk(st.layers[0], st.layers[1], tp, p.sequence_parallel, p.micro_batch,
-                       ckpt, st.index == last, pp_cross)
-        chunks.append(ChunkTime(forward=c.fwd, backward=c.bwd,
-                                recompute=c.fwd if ckpt else 0.0, tp_forward=c.tp_fwd,
-                                tp_backward=c.tp_bwd, tp_recompute=c.tp_fwd if ckpt else 0.0,
-                                send=c.send))
+    chunks = tuple(_chunk(c.stage_time()) for c in est.chunks(p))
     note = "per-stage times from the planner's Estimator (model re-traced on the meta device)"
     if plan.prediction is not None:
         again = est.predict(p).step_time_s
@@ -136,7 +142,7 @@ def _from_estimator(plan: Plan, problem) -> StageTiming:
             note += (f"; re-estimated step time {again:.4g} s differs from the plan's "
                      f"{plan.prediction.step_time_s:.4g} s by {100 * drift:.1f}% (cost model "
                      "or profiles changed since planning)")
-    return StageTiming(tuple(chunks), "estimator", note)
+    return StageTiming(chunks, "estimator", note)
 
 
 def _approximate(plan: Plan, note: str) -> StageTiming:
