@@ -93,9 +93,29 @@ def report(plan, problem):
     return build_report(plan, problem=problem)
 
 
-def test_timing_and_simulated_step_agree_with_the_prediction(plan, report):
+def test_a_plan_without_stage_times_is_repriced(plan, problem):
+    """A version-2 plan (no per-stage times) is re-priced by the Estimator, to the same
+    figures the plan would have recorded."""
+    from dataclasses import replace
+
+    from autoplan.report.timing import stage_timing
+
+    old = replace(plan, prediction=replace(plan.prediction, stage_times=()))
+    timing = stage_timing(old, problem)
+    assert timing.source == "estimator"
+    recorded = stage_timing(plan, problem)
+    assert [c.backward_block for c in timing.chunks] == \
+        [c.backward_block for c in recorded.chunks]
+
+
+def test_timing_and_simulated_step_agree_with_the_prediction(plan, report, problem):
     p = plan.parallel
-    assert report.timing.source == "estimator"
+    # read from the plan (version 3), the Estimator's own chunks: nothing re-traced
+    assert report.timing.source == "plan"
+    est = problem.estimator()
+    assert [(c.forward, c.backward, c.tp_backward, c.send) for c in report.timing.chunks] == [
+        (t.forward, t.backward, t.tp_backward, t.send)
+        for t in (c.stage_time() for c in est.chunks(p))]
     assert len(report.timing.chunks) == len(plan.stages) == 8
     assert len(report.step.blocks) == 2 * p.num_micro_batches * len(plan.stages)
     # the simulation and the Estimator's closed form (Narayanan et al.) agree within 2%
@@ -148,6 +168,8 @@ def test_alternatives_section_of_a_searched_plan(tmp_path):
 def test_timing_falls_back_when_the_model_cannot_be_rebuilt(plan):
     doc = plan.to_dict()
     doc["model"] = {"source": "import", "name": "no_such_package.models:build", "config": {}}
+    assert stage_timing(Plan.from_dict(doc)).source == "plan"     # its own figures: no model
+    doc["prediction"]["stage_times"] = []                            # as a version-2 plan
     other = Plan.from_dict(doc)
     timing = stage_timing(other)
     assert timing.source == "approximate" and "approximated" in timing.note
