@@ -214,7 +214,10 @@ class CostModel:
         arithmetic, so the same result."""
         if nbytes <= 0 or group.size <= 1:
             return 0.0
-        if getattr(self.comm, "measured", None) is not None:   # a measured profile
+        if getattr(self.comm, "measured", None) is not None or (   # a measured profile, or
+                getattr(self.comm, "piecewise", False)              # NCCL's per-size choice
+                and collective in getattr(self.comm, "piecewise_collectives", ())
+                and not self.comm.fitted.get((collective, self.comm.level(group)))):
             return self.comm.time(collective, nbytes, group)
         key = (collective, group)
         terms = self._coll_cache.get(key)
@@ -239,7 +242,9 @@ class CostModel:
         S > 0 (0, 0 for a group of one)."""
         if group.size <= 1:
             return 0.0, 0.0
-        if getattr(self.comm, "measured", None) is not None:   # secant through 1 / 2 GB
+        if getattr(self.comm, "measured", None) is not None or (   # secant through 1 / 2 GB
+                getattr(self.comm, "piecewise", False)
+                and collective in getattr(self.comm, "piecewise_collectives", ())):
             t1, t2 = self.coll(collective, 1e9, group), self.coll(collective, 2e9, group)
             return t1 - (t2 - t1), (t2 - t1) / 1e9
         self.coll(collective, 1.0, group)
