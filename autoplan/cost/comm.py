@@ -251,15 +251,9 @@ class Group:
 
 
 class CommModel:
-    """Collective times on ``cluster`` (see the module docstring).
-
-    ``piecewise``: True when :meth:`time` is not one alpha-beta line per (collective,
-    group) -- NCCL's model picks an algorithm and protocol per message size -- so callers
-    that cache lines must ask :meth:`time` instead (``planner.costs.CostModel.coll``).
-    """
-
-    piecewise = True
-    piecewise_collectives = ("all_reduce", "all_gather", "reduce_scatter")
+    """Collective times on ``cluster`` (see the module docstring). Not one alpha-beta line
+    per (collective, group): NCCL's model picks an algorithm and protocol per message size,
+    so callers ask :meth:`time` (``planner.costs.CostModel.coll`` does)."""
 
     def __init__(self, cluster: Cluster,
                  fitted: Mapping[tuple[str, str], tuple[float, float]] | None = None, *,

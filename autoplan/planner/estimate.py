@@ -42,6 +42,7 @@ from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import PRECISION_BYTES, activation_bytes
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
 from autoplan.cost.shared_cores import tp_collectives
+from autoplan.cost.memory import DEFAULT_HEADROOM, temporary_bytes, usable_bytes
 from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucket, StepModel, \
     Workload
 from autoplan.graph import OpGraph
@@ -56,7 +57,8 @@ class Estimator:
 
     def __init__(self, graph: OpGraph, cluster: Cluster, *, precision: str = "mixed",
                  compute: ComputeModel | None = None, comm: CommModel | None = None,
-                 flash_attention: bool = False, provenance: CostProvenance | None = None):
+                 flash_attention: bool = False, provenance: CostProvenance | None = None,
+                 memory_headroom: float = DEFAULT_HEADROOM):
         """``compute`` / ``comm``: models to use instead of the cluster's measured profiles
         (:func:`~autoplan.cost.profiled.resolve_cost_models`); ``provenance``: where such
         models came from (:func:`~autoplan.cost.profiled.cost_models_for`), whose shared-core
@@ -77,7 +79,8 @@ class Estimator:
         self.b0 = graph.batch.batch_size
         prov = self.cost_provenance
         self.step = StepModel(self.compute, self.comm, precision=precision,
-                              memory_limit_bytes=cluster.device.memory_bytes,
+                              memory_limit_bytes=usable_bytes(cluster.device.memory_bytes,
+                                                              memory_headroom),
                               peak_flops=self.peak,
                               shared=prov.composer if prov is not None else None,
                               calibration=prov.calibration if prov is not None else None)
@@ -185,7 +188,9 @@ class Estimator:
         modules = 1 + sum(_is_block(self.graph.layers[i].name) for i in range(start, end))
         bucket = ParamBucket(("dp",), params, self.dp_group(p))
         return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, ckpt, (bucket,), gathered,
-                         p.zero, p.dp * p.tp, cpu_f, cpu_b, modules)
+                         p.zero, p.dp * p.tp, cpu_f, cpu_b, modules,
+                         transient=temporary_bytes(self.graph, start, end, p.micro_batch / self.b0,
+                                                   p.tp))
 
     # ---- one configuration ---------------------------------------------------------------
     def chunks(self, p: ParallelConfig) -> list[ChunkCost]:
