@@ -226,3 +226,13 @@ def temporary_bytes(graph, start: int, end: int, scale: float, shard: int = 1) -
             layers[start].stats.input_bytes
         out += pipeline_buffer_bytes(boundary * scale / shard, first, last)
     return out
+
+
+def solver_budget_bytes(limit: float, gpu: bool = True, communicators: int = 3) -> float:
+    """Budget for a solver whose memory constraint counts model states, activations and
+    ZeRO-3 buffers but not the overheads above: ``limit`` (the usable bytes) less the
+    runtime bytes of ``communicators`` communicators, over 1 + the allocator reserve. The
+    step's own memory (:mod:`autoplan.cost.step`) still decides whether a plan fits."""
+    if not gpu:
+        return limit
+    return max(0.0, limit - runtime_bytes(communicators)) / (1 + FRAGMENTATION)
