@@ -26,7 +26,7 @@ issue 13), saved in ``benchmarks/results/published_runs_before.json``::
     python benchmarks/published_runs.py --code /tmp/ap-44725ce --label before --no-planner
 
     python benchmarks/published_runs.py                 # this tree; writes published_runs.json
-    python benchmarks/published_runs.py --only sc21     # rows whose id contains 'sc21'
+    python benchmarks/published_runs.py --only sc21,mpt # rows whose id contains these
 """
 
 from __future__ import annotations
@@ -233,14 +233,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--code", help="import autoplan from this directory (e.g. a 44725ce copy)")
     ap.add_argument("--label", default="", help="'before' writes published_runs_before.json")
-    ap.add_argument("--only", default="", help="only rows whose id contains this")
+    ap.add_argument("--only", default="", help="only rows whose id contains one of these "
+                                               "comma-separated strings")
     ap.add_argument("--no-planner", action="store_true", help="skip autoplan's own plans")
+    ap.add_argument("--planner", default="", help="autoplan's own plan only for rows whose id "
+                                                  "contains one of these (default: all)")
     args = ap.parse_args(argv)
     sys.path.insert(0, args.code or str(HERE.parent))
     from benchmarks.common import print_table, target, write_results
 
     sources, runs = load_runs()
-    runs = [r for r in runs if args.only in r["id"]]
+    only = [x for x in args.only.split(",") if x] or [""]
+    runs = [r for r in runs if any(x in r["id"] for x in only)]
+    planner_for = [x for x in args.planner.split(",") if x] or [""]
     rows = []
     for run in runs:
         t0 = time.process_time()
@@ -262,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                "accounting": run["accounting"], "assumed": run.get("assumed", ""),
                "approximations": run.get("approximations", ""),
                "cite": f"{sources[run['source']]['title']}: {sources[run['source']]['where']}"}
-        if not args.no_planner:
+        if not args.no_planner and any(x in run["id"] for x in planner_for):
             auto = price_planner(problem)
             row["planner"] = auto.parallel.label()
             row["planner_speedup"] = t_pred / auto.prediction.step_time_s
@@ -273,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
               f"fits {fits} ({row['cpu_s']:.1f} s)", flush=True)
     loso(rows)
     if args.label == "before":
-        BEFORE.write_text(json.dumps({"commit": "44725ce", "rows": rows}, indent=1,
+        keep = []
+        if BEFORE.exists():           # rows not re-run keep their earlier figures
+            ids = {r["id"] for r in rows}
+            keep = [r for r in json.loads(BEFORE.read_text())["rows"] if r["id"] not in ids]
+        BEFORE.write_text(json.dumps({"commit": "44725ce", "rows": keep + rows}, indent=1,
                                      default=str) + "\n")
         print(f"written {BEFORE}")
         return 0
