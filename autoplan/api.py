@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch.nn as nn
 
 from autoplan.cluster import Cluster, load_cluster
+from autoplan.cost.memory import DEFAULT_HEADROOM
 from autoplan.errors import ConfigError
 from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec, default_seq_len, resolve
@@ -66,6 +67,7 @@ class Problem:
     global_batch: int
     seq_len: int | None
     precision: str                 # "mixed" (bf16 compute, fp32 master) or "fp32"
+    memory_headroom: float = DEFAULT_HEADROOM   # fraction of device memory left free
 
     @property
     def precision_dict(self) -> dict[str, str]:
@@ -73,12 +75,14 @@ class Problem:
         return {"params": "float32", "compute": compute, "reduce": "float32"}
 
     def estimator(self) -> Estimator:
-        return Estimator(self.graph, self.cluster, precision=self.precision)
+        return Estimator(self.graph, self.cluster, precision=self.precision,
+                         memory_headroom=self.memory_headroom)
 
 
 def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
             nodes: int | None = None, seq_len: int | None = None,
-            precision: str | None = None) -> Problem:
+            precision: str | None = None,
+            memory_headroom: float = DEFAULT_HEADROOM) -> Problem:
     """Resolve the model and cluster and trace the model (micro-batch 1) on the meta device."""
     from autoplan.trace import trace
 
@@ -92,6 +96,10 @@ def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
         _count(seq_len, "seq_len", high=MAX_SEQ_LEN)
     if nodes is not None:
         _count(nodes, "nodes")
+    if isinstance(memory_headroom, bool) or not isinstance(memory_headroom, (int, float)) \
+            or not 0 <= memory_headroom < 1:
+        raise ConfigError(f"must be a fraction in [0, 1), got {memory_headroom!r}"[:200],
+                          field="memory_headroom")
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
@@ -104,7 +112,12 @@ def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
 
     dtype = torch.bfloat16 if precision == "mixed" else torch.float32
     graph = trace(spec, 1, seq, dtype=dtype)
-    return Problem(spec, graph, clus, global_batch, seq, precision)
+    if not clus.device.name.lower().startswith("cpu"):
+        # GPU training runs fused norm and attention kernels: their saved activations
+        from autoplan.cost.fused import fuse_saved_activations
+
+        graph = fuse_saved_activations(graph)
+    return Problem(spec, graph, clus, global_batch, seq, precision, float(memory_headroom))
 
 
 def head_counts(spec: ModelSpec) -> tuple[int, ...]:
@@ -159,7 +172,8 @@ def _plan_uniform(problem: Problem, *, space: SearchSpace, top_k: int,
     result = search_uniform(problem.graph, problem.cluster, problem.global_batch,
                             space=runnable_space(problem.spec, space),
                             precision=problem.precision,
-                            divides=head_counts(problem.spec), progress=progress)
+                            divides=head_counts(problem.spec), progress=progress,
+                            estimator=problem.estimator())
     best = result.best
     plan = build_plan(problem.graph, problem.spec, problem.cluster, best.parallel,
                       global_batch=problem.global_batch, seq_len=problem.seq_len,

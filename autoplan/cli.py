@@ -92,6 +92,17 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
 
 
+def _fraction(text: str) -> float:
+    """A float in [0, 1) for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
 def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--cluster", required=required,
                    help="cluster preset (see `autoplan clusters`) or a YAML file")
@@ -100,6 +111,10 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
                    help="global batch (samples)")
     p.add_argument("--precision", choices=("mixed", "fp32"),
                    help="mixed: bf16 compute, fp32 master weights (default on GPUs); fp32")
+    p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
+                   help="fraction of device memory a plan leaves free beyond the modelled "
+                        "overheads (CUDA context, NCCL buffers, allocator reserve, "
+                        "temporaries); default 0.02")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -263,7 +278,9 @@ def _prepare(args: argparse.Namespace):
     console = Console(stderr=True)
     with console.status(f"tracing {args.model} on the meta device ...", spinner="dots"):
         return prepare(_spec(args), args.cluster, global_batch=args.global_batch,
-                       nodes=args.nodes, seq_len=args.seq_len, precision=args.precision)
+                       nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
+                       **({"memory_headroom": args.memory_headroom}
+                          if getattr(args, "memory_headroom", None) is not None else {}))
 
 
 # ---- commands ----------------------------------------------------------------------------

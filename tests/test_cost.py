@@ -112,7 +112,8 @@ def selene() -> CommModel:
 def test_all_reduce_inside_a_dgx_a100(selene):
     t = selene.time("all_reduce", 1e9, Group(8, 8))
     assert t == pytest.approx(2 * 7 / 8 * 1e9 / 230e9, rel=0.01)
-    assert selene.alpha("all_reduce", Group(8, 8)) == pytest.approx(14e-6)   # 2(n-1) steps
+    # NCCL's smallest latency: ring LL, 3.6 us base + 2(n-1) x 0.47 us NVLink steps
+    assert selene.alpha("all_reduce", Group(8, 8)) == pytest.approx((3.6 + 14 * 0.47) * 1e-6)
 
 
 def test_cross_node_groups_share_the_nics(selene):
@@ -123,7 +124,8 @@ def test_cross_node_groups_share_the_nics(selene):
     assert selene.bus_bandwidth(Group(32, 2)) == pytest.approx(48e9)          # 2 NICs' share
     assert selene.bus_bandwidth(Group(64, 1, concurrent=1)) == pytest.approx(24e9)  # own NIC
     t = selene.time("all_reduce", 1e9, one_per_node)
-    assert t == pytest.approx(2 * 63 / 64 * 1e9 / 24e9, rel=0.01)
+    # + NCCL's ring latency: 126 network steps of 9.6 us, x1.9 past the plateau (2.3 ms)
+    assert t == pytest.approx(2 * 63 / 64 * 1e9 / 24e9 + (8.4 + 126 * 9.6) * 1.9e-6, rel=0.01)
     assert selene.time("send_recv", 1e8, Group(2, 1)) == pytest.approx(1e8 / 24e9 + 5e-6)
 
 
@@ -131,7 +133,8 @@ def test_alpha_dominates_tiny_messages(selene):
     g = Group(64, 1)
     t = selene.time("all_reduce", 8, g)
     assert selene.alpha("all_reduce", g) / t > 0.999
-    assert t == pytest.approx(2 * 6 * 5e-6, rel=0.01)            # 2 x log2(64) network steps
+    # NCCL's tree LL: 4.4 us + 2 x log2(64) network steps of 5 us
+    assert t == pytest.approx((4.4 + 2 * 6 * 5.0) * 1e-6, rel=0.01)
     assert selene.time("all_reduce", 0, g) == 0.0
     assert selene.time("all_reduce", 1e9, Group(1, 1)) == 0.0
 
@@ -140,8 +143,8 @@ def test_collectives_relative_times(selene):
     g, n = Group(8, 8), 1e9
     ar, ag, rs = (selene.time(c, n, g) for c in ("all_reduce", "all_gather", "reduce_scatter"))
     a2a, p2p = selene.time("all_to_all", n, g), selene.time("send_recv", n, Group(2, 2))
-    assert ar == pytest.approx(ag + rs, rel=0.01)                # ring AR = RS + AG
-    assert ag == pytest.approx(rs) and a2a == pytest.approx(ag)
+    assert ar == pytest.approx(ag + rs, rel=0.02)                # ring AR = RS + AG
+    assert ag == pytest.approx(rs) and a2a == pytest.approx(ag, rel=0.01)
     assert p2p == pytest.approx(n / 230e9 + 1e-6)
     assert selene.time("all_reduce", n, Group(16, 8)) > ar       # crossing nodes is slower
 

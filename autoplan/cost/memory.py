@@ -32,6 +32,7 @@ see :func:`in_flight_micro_batches`.
 
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 from typing import Mapping
 
@@ -142,3 +143,96 @@ def in_flight_micro_batches(schedule: str, pp: int, stage: int, num_micro_batche
         return float(min(pp - stage, m))
     warmup = 2 * (pp - stage - 1) + (v - 1) * pp
     return min(warmup + 1, m * v) / v
+
+
+# ---- overheads beyond model states and activations ------------------------------------------
+#: CUDA context with PyTorch's kernels and library handles (cuBLAS, cuDNN) loaded, outside
+#: the caching allocator: PyTorch's CUDA semantics notes put the context at 250-750 MB and
+#: cuBLAS keeps a workspace per stream (CUBLAS_WORKSPACE_CONFIG default ":4096:8", 32 MiB).
+CUDA_CONTEXT_BYTES = 750e6 + 32 * 2 ** 20
+#: NCCL's per-channel receive buffers of one communicator: Simple NCCL_BUFFSIZE (4 MiB) +
+#: LL128 (~4.6 MiB) + LL (256 KiB) per channel (NCCL env docs, NCCL_BUFFSIZE; tuning model
+#: protocols), times the channels it opens (16 on NVSwitch nodes, NCCL_MAX_NCHANNELS).
+NCCL_CHANNEL_BYTES = (4 + 4.6 + 0.25) * 2 ** 20
+NCCL_CHANNELS = 16
+#: Caching-allocator reserve over what tensors use: blocks rounded up (512 B, 2 MiB segments)
+#: and freed blocks that do not fit later requests; PyTorch's memory stats typically show
+#: reserved 5-10% above allocated during training with transient activations (torch.cuda
+#: memory_stats, "Understanding CUDA Memory Usage"). 0.07 of the transient bytes.
+FRAGMENTATION = 0.07
+#: Default fraction of device memory a plan leaves free for what no term models (a second
+#: optimizer copy during checkpointing, profiler buffers, spikes); ``--memory-headroom``.
+DEFAULT_HEADROOM = 0.02
+
+
+def runtime_bytes(communicators: int) -> float:
+    """CUDA context and NCCL buffers of one rank with ``communicators`` NCCL communicators
+    (the default group plus one per parallel dimension > 1 the rank talks over)."""
+    if isinstance(communicators, bool) or not isinstance(communicators, int) \
+            or communicators < 0:
+        raise ValueError(f"communicators must be an integer >= 0, got {communicators!r}")
+    return CUDA_CONTEXT_BYTES + communicators * NCCL_CHANNELS * NCCL_CHANNEL_BYTES
+
+
+def loss_temporaries_bytes(logits: float, tp: int = 1) -> float:
+    """Transient bytes of the loss on the last stage: the fp32 gradient of the log-softmax
+    over ``logits`` elements (micro-batch x sequence x vocabulary), the vocabulary sharded
+    over TP (Megatron's vocab-parallel cross-entropy, torch's loss_parallel). The fp32
+    log-softmax itself is saved for backward and counted with the activations (the traced
+    graph upcasts the logits before the loss)."""
+    _positive_int(tp, "tp")
+    if logits < 0:
+        raise ValueError(f"logits must be >= 0, got {logits!r}")
+    return 4.0 * logits / tp
+
+
+def pipeline_buffer_bytes(output_bytes: float, first: bool, last: bool) -> float:
+    """Send/receive buffers of a pipeline stage for one micro-batch: it receives its input
+    (and sends its input's gradient) unless first, sends its output (and receives its
+    gradient) unless last -- one buffer of the boundary activation each way."""
+    if output_bytes < 0:
+        raise ValueError(f"output_bytes must be >= 0, got {output_bytes!r}")
+    return output_bytes * (2 * (not first) + 2 * (not last))
+
+
+def fragmentation_bytes(transient: float) -> float:
+    """Allocator reserve over the transient (activation and temporary) bytes."""
+    if transient < 0:
+        raise ValueError(f"transient must be >= 0, got {transient!r}")
+    return FRAGMENTATION * transient
+
+
+def usable_bytes(capacity: float, headroom: float = DEFAULT_HEADROOM) -> float:
+    """Device memory a plan may fill: ``capacity`` less the ``headroom`` fraction."""
+    if not 0 <= headroom < 1:
+        raise ValueError(f"memory headroom must be a fraction in [0, 1), got {headroom!r}")
+    return capacity * (1 - headroom)
+
+
+def temporary_bytes(graph, start: int, end: int, scale: float, shard: int = 1) -> float:
+    """Temporaries of the chunk of ``graph``'s layers [start, end) per micro-batch (``scale``
+    x the traced one), its activations split ``shard`` ways: the loss's fp32 gradient if the
+    chunk ends the model (the elements of its log-softmax), and the pipeline buffers of its
+    boundary activations (:func:`pipeline_buffer_bytes`)."""
+    layers = graph.layers
+    first, last = start == 0, end == len(layers)
+    out = 0.0
+    if last:
+        logits = sum(math.prod(node.output_meta[0].shape) for name in layers[end - 1].nodes
+                     if "log_softmax" in (node := graph.nodes[name]).op and node.output_meta)
+        out += loss_temporaries_bytes(logits * scale, shard)
+    if not (first and last):
+        boundary = layers[end - 1].stats.output_bytes if not last else \
+            layers[start].stats.input_bytes
+        out += pipeline_buffer_bytes(boundary * scale / shard, first, last)
+    return out
+
+
+def solver_budget_bytes(limit: float, gpu: bool = True, communicators: int = 3) -> float:
+    """Budget for a solver whose memory constraint counts model states, activations and
+    ZeRO-3 buffers but not the overheads above: ``limit`` (the usable bytes) less the
+    runtime bytes of ``communicators`` communicators, over 1 + the allocator reserve. The
+    step's own memory (:mod:`autoplan.cost.step`) still decides whether a plan fits."""
+    if not gpu:
+        return limit
+    return max(0.0, limit - runtime_bytes(communicators)) / (1 + FRAGMENTATION)

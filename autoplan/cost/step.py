@@ -31,15 +31,22 @@ uniform plan; in a searched plan the mesh axes a parameter is replicated along w
 splits). Per rank d, with the Adam-state bytes (p, g, o) of the precision and R = 4 bytes
 per reduced gradient (fp32)::
 
-    A_d = sum_b all_reduce(R psi_b, g_b)                        once per step
-    G_d = sum_b all_gather(p psi_b, g_b)                        ZeRO-3: twice per micro-batch
-    E_d = x(A_d, sum_c t_b) + m x(2 G_d, sum_c (t_f + t_b))
-    x(C, W) = C - min(C, W) + OVERLAP_COST min(C, W)
+    A_d = sum_b all_reduce(R psi_b, g_b)                        once per step (ZeRO 0-2)
+    E_d = A_last + x(A_d - A_last, sum_c t_b)                   buckets over the backward
+    E_d = m z3(U, g, r, f, b)                                   ZeRO-3, per micro-batch
+    x(C, W) = max(0, C - W) + INTERFERENCE min(C, W)
 
-A collective overlapped with W seconds of compute adds what the compute cannot hide plus
-OVERLAP_COST of the hidden part (the reduction over the last micro-batch's backward; ZeRO-3's
-gathers over each micro-batch's compute; Rajbhandari et al. 2019 for the volumes: a
-reduce-scatter plus an all-gather is the all-reduce's volume).
+(:mod:`autoplan.cost.overlap`): a reduction hides only behind the backward of the last
+micro-batch, and its last bucket (A_last: 25 MiB of gradients, PyTorch DDP's default) behind
+nothing; under ZeRO-3 the rank's U units (FSDP's wrapped modules, ``ChunkCost.modules``)
+each all-gather their parameters before forward and again before backward (g = all_gather(p
+psi_b / U)) and reduce-scatter their gradients after backward (r = reduce_scatter(R psi_b /
+U)), prefetching one unit ahead, so a unit whose collectives outlast its compute (f =
+sum_c (t_f + tp_f) / U; b the same for backward, with the recomputed forward) exposes the
+difference (Rajbhandari et al. 2019 sec. 7.2.2 for the volumes; Zhao et al. 2023 for FSDP's
+order). INTERFERENCE = 0.1 is the share of SMs NCCL's channels take from the compute they
+overlap. The collective times are NCCL's (:mod:`autoplan.cost.comm`): a ring's latency grows
+with its ranks.
 
 **Optimizer**: ``ComputeModel.optimizer_time`` of the local parameters, sum_b psi_b
 (/ |g_b| under ZeRO >= 1). **Step**: T + max_d E_d + max_d optimizer_d.
@@ -73,24 +80,18 @@ from typing import Sequence
 
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
-from autoplan.cost.memory import PRECISION_BYTES, in_flight_micro_batches, model_state_bytes
+from autoplan.cost.memory import (PRECISION_BYTES, fragmentation_bytes, in_flight_micro_batches,
+                                  model_state_bytes, runtime_bytes)
+from autoplan.cost.overlap import (DDP_BUCKET_BYTES, INTERFERENCE, bucketed_reduction,
+                                   zero3_micro_batch)
 from autoplan.cost.shared_cores import SharedCores
 from autoplan.plan import MemoryBreakdown, Prediction, StageTime, TimeBreakdown
 
-# Fraction of an overlapped collective's time that still slows the step. An assumption (no
-# published figure in ../shared/reference/published.md), to be replaced by calibration from
-# measured runs (issue #4); it also makes the planner prefer less traffic when times tie.
-OVERLAP_COST = 0.1
+#: Fraction of an overlapped collective's time that still slows the step (NCCL's SMs,
+#: :data:`autoplan.cost.overlap.INTERFERENCE`); the search's ILP hinges use it too.
+OVERLAP_COST = INTERFERENCE
 #: Bytes per gradient element in the data-parallel reduction (gradients reduced in fp32).
 REDUCE_BYTES = 4
-
-
-def exposed(comm: float, compute: float) -> float:
-    """x(C, W) of the module docstring: time a collective of ``comm`` seconds adds when
-    overlapped with ``compute`` seconds of work (its kernels take SMs and memory bandwidth
-    from the compute they overlap, OVERLAP_COST of the hidden part)."""
-    hidden = min(comm, compute)
-    return comm - hidden + OVERLAP_COST * hidden
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class ChunkCost:
     cpu_tp_fwd: float = 0.0     # in-layer communication as issued on shared CPU cores
     cpu_tp_bwd: float = 0.0
     modules: int = 0            # FSDP units (the chunk's root and its blocks)
+    transient: float = 0.0      # temporaries (bytes): fp32 loss, pipeline send/recv buffers
 
     @property
     def time(self) -> float:
@@ -167,6 +169,7 @@ class StepModel:
                              f"got {precision!r}")
         self.compute = compute
         self.comm = comm
+        self.gpu = not compute.device.name.lower().startswith("cpu")
         self.precision = precision
         self.param_bytes = PRECISION_BYTES[precision][0]
         self.memory_limit_bytes = memory_limit_bytes
@@ -188,8 +191,36 @@ class StepModel:
             local += b.count / b.group.size if zero >= 1 else b.count
         return t_reduce, t_gather, local
 
+    def _dp_exposed(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket],
+                    zero: int, m: int, t_reduce: float) -> float:
+        """E_d: exposed data-parallel seconds of one pipeline rank (module docstring).
+
+        ZeRO 0-2: the step's gradient reduction in buckets over the last micro-batch's
+        backward (:func:`autoplan.cost.overlap.bucketed_reduction`). ZeRO-3: per micro-batch,
+        the per-unit all-gathers (forward and backward) and reduce-scatters of
+        :func:`autoplan.cost.overlap.zero3_micro_batch`, the rank's chunks' units (FSDP's
+        wrapped modules: ``ChunkCost.modules``) sharing its parameters and compute equally."""
+        synced = [b for b in buckets if b.group.size > 1 and b.count > 0]
+        if not synced:
+            return 0.0
+        bwd = sum(c.bwd for c in chunks)
+        if zero < 3:
+            last = sum(self.comm.time("all_reduce", min(b.count * REDUCE_BYTES,
+                                                        DDP_BUCKET_BYTES), b.group)
+                       for b in synced)
+            return bucketed_reduction(t_reduce, bwd, last)
+        units = max(1, sum(c.modules for c in chunks))
+        gather = sum(self.comm.time("all_gather", b.count / units * self.param_bytes, b.group)
+                     for b in synced)
+        scatter = sum(self.comm.time("reduce_scatter", b.count / units * REDUCE_BYTES, b.group)
+                      for b in synced)
+        fwd = sum(c.fwd + c.tp_fwd for c in chunks) / units
+        back = sum(c.bwd + c.tp_bwd + ((c.fwd + c.tp_fwd) if c.checkpoint else 0.0)
+                   for c in chunks) / units
+        return m * zero3_micro_batch(units, gather, scatter, fwd, back)
+
     def _memory(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket],
-                in_flight: float, zero: int) -> MemoryBreakdown:
+                in_flight: float, zero: int, pipelined: bool = False) -> MemoryBreakdown:
         params = grads = optim = 0.0
         for b in buckets:
             s = model_state_bytes(b.count, dp=b.group.size, zero=zero, precision=self.precision)
@@ -198,10 +229,27 @@ class StepModel:
             optim += s.optimizer
         acts = in_flight * sum(c.act for c in chunks)
         acts += max((c.recompute_peak for c in chunks), default=0.0)
-        synced = any(b.group.size > 1 and b.count > 0 for b in buckets)
-        other = 2 * max(c.gathered for c in chunks) if zero == 3 and synced else 0.0
         return MemoryBreakdown(params=params, grads=grads, optimizer=optim, activations=acts,
-                               other=other)
+                               other=self._other(chunks, buckets, zero, acts, pipelined))
+
+    def _other(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket], zero: int,
+               acts: float, pipelined: bool) -> float:
+        """Bytes beyond model states and activations (:mod:`autoplan.cost.memory`): the CUDA
+        context and NCCL's buffers of each communicator the rank uses, the temporaries of
+        its chunks (fp32 loss, pipeline buffers), ZeRO-3's gathered units (the current and
+        the prefetched one) and a unit's fp32 gradient buffer for its reduce-scatter, and
+        the allocator's reserve over the transient bytes. On CPU only the ZeRO-3 buffers
+        (no CUDA context, NCCL or caching allocator)."""
+        synced = any(b.group.size > 1 and b.count > 0 for b in buckets)
+        gathered = max(c.gathered for c in chunks) if zero == 3 and synced else 0.0
+        zero3 = 2 * gathered + gathered / self.param_bytes * REDUCE_BYTES
+        if not self.gpu:
+            return 2 * gathered
+        communicators = 1 + synced + any(c.tp_fwd > 0 or c.tp_bwd > 0 for c in chunks) \
+            + pipelined
+        transient = sum(c.transient for c in chunks)
+        return (runtime_bytes(communicators) + transient + zero3
+                + fragmentation_bytes(acts + transient + zero3))
 
     # ---- the step -----------------------------------------------------------------------
     def compose(self, chunks: Sequence[ChunkCost], work: Workload) -> Prediction:
@@ -229,14 +277,11 @@ class StepModel:
             zero = cs[0].zero
             buckets = _merge([b for c in cs for b in c.buckets])
             t_reduce, t_gather, local = self._syncs(buckets, zero)
-            e = exposed(t_reduce, sum(c.bwd for c in cs)) if t_reduce > 0 else 0.0
-            if t_gather > 0:
-                e += m * exposed(2 * t_gather, sum(c.fwd + c.bwd for c in cs))
-            dp_exposed.append(e)
+            dp_exposed.append(self._dp_exposed(cs, buckets, zero, m, t_reduce))
             opt_time.append(self.compute.optimizer_time(local))
             syncs.append((t_reduce, t_gather, local))
             in_flight = in_flight_micro_batches(work.schedule, pp, d, m, v)
-            per_rank.append(self._memory(cs, buckets, in_flight, zero))
+            per_rank.append(self._memory(cs, buckets, in_flight, zero, pp > 1))
         dp_comm = max(dp_exposed)
         optimizer = max(opt_time)
         step = pipeline + dp_comm + optimizer

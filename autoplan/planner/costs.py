@@ -50,7 +50,7 @@ import numpy as np
 from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_kind
-from autoplan.cost.memory import PRECISION_BYTES
+from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, usable_bytes
 from autoplan.cost.step import REDUCE_BYTES  # noqa: F401  (fp32 gradients; compose, tables)
 from autoplan.graph import OpGraph
 from autoplan.planner.mesh import LogicalMesh
@@ -167,8 +167,11 @@ class CostModel:
     """The cost model for one (graph, cluster, precision): cached op and collective times."""
 
     def __init__(self, graph: OpGraph, cluster: Cluster, *, precision: str = "mixed",
-                 compute: ComputeModel | None = None, comm: CommModel | None = None):
+                 compute: ComputeModel | None = None, comm: CommModel | None = None,
+                 memory_headroom: float = DEFAULT_HEADROOM):
         self.graph = graph
+        #: device memory a plan may fill (:func:`autoplan.cost.memory.usable_bytes`)
+        self.memory_limit_bytes = usable_bytes(cluster.device.memory_bytes, memory_headroom)
         self.cluster = cluster
         self.precision = precision
         # the Estimator's models: measured op and link profiles and calibration where the

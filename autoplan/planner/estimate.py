@@ -41,7 +41,8 @@ from autoplan.cluster import Cluster
 from autoplan.cost.batch_scale import batch_tensors
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
-from autoplan.cost.memory import PRECISION_BYTES, activation_bytes
+from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
+                                  temporary_bytes, usable_bytes)
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
 from autoplan.cost.shared_cores import tp_collectives, tp_gathers
 from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucket, StepModel, \
@@ -58,7 +59,8 @@ class Estimator:
 
     def __init__(self, graph: OpGraph, cluster: Cluster, *, precision: str = "mixed",
                  compute: ComputeModel | None = None, comm: CommModel | None = None,
-                 flash_attention: bool = False, provenance: CostProvenance | None = None):
+                 flash_attention: bool = False, provenance: CostProvenance | None = None,
+                 memory_headroom: float = DEFAULT_HEADROOM):
         """``compute`` / ``comm``: models to use instead of the cluster's measured profiles
         (:func:`~autoplan.cost.profiled.resolve_cost_models`); ``provenance``: where such
         models came from (:func:`~autoplan.cost.profiled.cost_models_for`), whose shared-core
@@ -79,7 +81,8 @@ class Estimator:
         self.b0 = graph.batch.batch_size
         prov = self.cost_provenance
         self.step = StepModel(self.compute, self.comm, precision=precision,
-                              memory_limit_bytes=cluster.device.memory_bytes,
+                              memory_limit_bytes=usable_bytes(cluster.device.memory_bytes,
+                                                              memory_headroom),
                               peak_flops=self.peak,
                               shared=prov.composer if prov is not None else None,
                               calibration=prov.calibration if prov is not None else None)
@@ -322,7 +325,9 @@ class Estimator:
             group = Group(size=n, ranks_per_node=min(n, self.cluster.devices_per_node))
             buckets += (ParamBucket(("dp", "tp"), params_sp, group),)
         return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, ckpt, buckets, gathered,
-                         p.zero, p.dp * p.tp, cpu_f, cpu_b, modules)
+                         p.zero, p.dp * p.tp, cpu_f, cpu_b, modules,
+                         transient=temporary_bytes(self.graph, start, end, p.micro_batch / self.b0,
+                                                   p.tp))
 
     # ---- one configuration ---------------------------------------------------------------
     def chunks(self, p: ParallelConfig) -> list[ChunkCost]:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.cost.comm import Group
+from autoplan.cost.memory import temporary_bytes
 from autoplan.cost.step import ChunkCost, ParamBucket, StepModel, Workload
 from autoplan.plan import Prediction
 from autoplan.planner.compose import ModelStructure, transition_edges
@@ -100,7 +101,7 @@ class Evaluator:
                                      dtype=float)
         prov = cm.provenance
         self.step = StepModel(cm.compute, cm.comm, precision=cm.precision,
-                              memory_limit_bytes=cm.cluster.device.memory_bytes,
+                              memory_limit_bytes=cm.memory_limit_bytes,
                               peak_flops=cm.compute.peak,
                               shared=prov.composer if prov is not None else None,
                               calibration=cm.calibration)
@@ -308,7 +309,9 @@ class Evaluator:
                         for b, axes in enumerate(BUCKETS) if psi[b] > 0)
         return ChunkCost(float(fwd), float(bwd), float(tp_f), float(tp_b), float(send),
                          float(act), float(peak), st.checkpoint, buckets, float(gathered),
-                         st.zero, mesh.size, float(cpu_f), float(cpu_b), modules)
+                         st.zero, mesh.size, float(cpu_f), float(cpu_b), modules,
+                         transient=temporary_bytes(self.graph, st.start, st.end,
+                                                   micro_batch / self.b0, mesh.size))
 
     def _imported(self, st: StageChoice, l: int, micro_batch: int) -> float:
         """Saved bytes of what layer ``l`` reads from layer ``l - 1``, as it places them."""

@@ -10,7 +10,7 @@ gradient synchronisation, optimizer) and in memory per device, and whether it wo
 
 from __future__ import annotations
 
-from autoplan.cost.memory import in_flight_micro_batches
+from autoplan.cost.memory import in_flight_micro_batches, solver_budget_bytes
 from autoplan.planner.compose import Composition, build_problem
 from autoplan.planner.intra_op import Solution, explain, objective
 from autoplan.planner.strategies import Strategy, dtensor_placement
@@ -46,7 +46,8 @@ def explain_stage(result, stage: int, *, kinds: list[str] | None = None, per_op:
     problem, dec = build_problem(ev.cm, ms, comp, st.mesh, p.micro_batch,
                                  micro_batches=p.num_micro_batches, in_flight=in_flight,
                                  checkpoint=st.checkpoint, zero_allowed=(st.zero,),
-                                 budget=ev.cm.cluster.device.memory_bytes, costs=costs)
+                                 budget=solver_budget_bytes(ev.cm.memory_limit_bytes,
+                                                            ev.step.gpu), costs=costs)
     choice = [0] * len(dec.groups)
     for kind, ch in st.choice:
         for ai, j in enumerate(ch):

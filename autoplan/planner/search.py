@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplan.cluster import Cluster
-from autoplan.cost.memory import in_flight_micro_batches
+from autoplan.cost.memory import in_flight_micro_batches, solver_budget_bytes
 from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
 from autoplan.plan import Prediction
@@ -198,7 +198,8 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     units = layer_units(ms, opts.max_units)
     per_unit, v_units, sizes = device_units(cluster, opts.max_device_units)
     dpn = cluster.devices_per_node
-    memory = cluster.device.memory_bytes / cm.memory_factor     # (calibrated memory fits)
+    # (calibrated memory fits; the overheads the ILP does not model held back)
+    memory = solver_budget_bytes(cm.memory_limit_bytes, ev.step.gpu) / cm.memory_factor
     combos = [(lam, z, ck) for lam in opts.lambdas for z in opts.zero for ck in opts.checkpoint]
     combos += [(coherent, z, ck) for coherent in lib.coherent() for z in opts.zero
                for ck in opts.checkpoint]

@@ -1,0 +1,95 @@
+"""Memory overheads as their own terms, the headroom, and fused-kernel activation bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.cost.memory import (CUDA_CONTEXT_BYTES, DEFAULT_HEADROOM, FRAGMENTATION,
+                                  NCCL_CHANNEL_BYTES, NCCL_CHANNELS, fragmentation_bytes,
+                                  loss_temporaries_bytes, pipeline_buffer_bytes, runtime_bytes,
+                                  temporary_bytes, usable_bytes)
+
+GB = 1e9
+
+
+def test_runtime_bytes_count_context_and_each_communicator():
+    assert runtime_bytes(0) == CUDA_CONTEXT_BYTES
+    per_comm = NCCL_CHANNELS * NCCL_CHANNEL_BYTES
+    assert runtime_bytes(3) - runtime_bytes(2) == pytest.approx(per_comm)
+    assert 0.1 * GB < per_comm < 0.2 * GB                 # 16 channels x ~9 MiB
+    with pytest.raises(ValueError, match="communicators"):
+        runtime_bytes(-1)
+
+
+def test_loss_temporaries_are_the_fp32_gradient_of_the_logits():
+    # Llama 3: 8192 tokens x 128256 vocabulary, vocabulary-parallel over TP 8
+    assert loss_temporaries_bytes(8192 * 128256, tp=8) == pytest.approx(4 * 8192 * 128256 / 8)
+    with pytest.raises(ValueError, match="tp"):
+        loss_temporaries_bytes(1.0, tp=0)
+
+
+def test_pipeline_buffers_by_stage_position():
+    assert pipeline_buffer_bytes(1e6, first=True, last=True) == 0
+    assert pipeline_buffer_bytes(1e6, first=True, last=False) == 2e6
+    assert pipeline_buffer_bytes(1e6, first=False, last=True) == 2e6
+    assert pipeline_buffer_bytes(1e6, first=False, last=False) == 4e6
+
+
+def test_fragmentation_and_headroom():
+    assert fragmentation_bytes(10 * GB) == pytest.approx(FRAGMENTATION * 10 * GB)
+    assert usable_bytes(80 * GB) == pytest.approx(80 * GB * (1 - DEFAULT_HEADROOM))
+    assert usable_bytes(80 * GB, 0.0) == 80 * GB
+    with pytest.raises(ValueError, match="headroom"):
+        usable_bytes(80 * GB, 1.0)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from autoplan.api import prepare
+    from autoplan.models import resolve
+
+    return prepare(resolve("llama3-8b", seq_len=1024, layers=4), "dgx-h100", nodes=1,
+                   global_batch=8, seq_len=1024)
+
+
+def test_temporaries_of_a_traced_graph(llama):
+    g = llama.graph
+    n = len(g.layers)
+    vocab, seq = 128256, 1024
+    last = temporary_bytes(g, 1, n, 1.0, 1)
+    assert last >= loss_temporaries_bytes(seq * vocab)               # the loss's gradient
+    whole = temporary_bytes(g, 0, n, 1.0, 1)
+    assert whole == pytest.approx(loss_temporaries_bytes(seq * vocab))   # no pipeline
+    middle = temporary_bytes(g, 1, n - 1, 2.0, 2)
+    assert middle == pytest.approx(4 * g.layers[n - 2].stats.output_bytes * 2.0 / 2)
+
+
+def test_fused_kernels_drop_fp32_norms_and_expanded_kv(llama):
+    """Per token and hidden unit, a Llama 3 block traced op by op saves ~56 bytes; with a
+    fused RMSNorm (16-bit input kept) and GQA flash attention (k, v at kv-head size) ~41."""
+    from autoplan.api import prepare
+    from autoplan.models import resolve
+
+    cpu = prepare(resolve("llama3-8b", seq_len=1024, layers=4), "local-cpu", nodes=1,
+                  global_batch=8, seq_len=1024, precision="mixed")
+    sbh = 1024 * 4096
+    block = [l for l in llama.graph.layers if not l.name.startswith("<")][1]
+    traced = [l for l in cpu.graph.layers if not l.name.startswith("<")][1]
+    assert traced.stats.saved_bytes / sbh == pytest.approx(56.2, abs=0.5)   # op by op (CPU)
+    assert block.stats.saved_bytes / sbh == pytest.approx(41.2, abs=0.5)    # fused (GPU)
+    assert block.stats.saved_bytes_tp < traced.stats.saved_bytes_tp         # expanded kv
+    fp32 = [n for n in (llama.graph.nodes[x] for x in block.nodes)
+            if n.saved_bytes and n.output_meta[0].dtype == "float32"
+            and n.output_meta[0].shape[-1] == 4096]
+    # only the fp32 copy of each norm's input is left, at the 16-bit input's size
+    assert [n.saved_bytes for n in fp32] == [1024 * 4096 * 2] * 2
+
+
+def test_step_memory_has_its_overheads(llama):
+    from autoplan.api import estimate
+
+    plan = estimate(None, None, global_batch=8, problem=llama, tp=2, dp=4)
+    mem = plan.prediction.memory
+    assert mem.other > runtime_bytes(3)            # context + NCCL (default, TP, DP) + more
+    assert plan.prediction.memory_limit_bytes == pytest.approx(
+        usable_bytes(llama.cluster.device.memory_bytes))
