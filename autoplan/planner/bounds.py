@@ -24,8 +24,15 @@ from autoplan.errors import InfeasibleError
 from autoplan.planner.uniform import _size
 
 def parameter_counts(spec) -> tuple[int, int]:
-    """(parameters, trainable parameters) of ``spec``'s model, built on the meta device
-    (no weight memory; a parameter shared by two modules counts once)."""
+    """(parameters, trainable parameters) of ``spec``'s model: the closed form of a built-in
+    GPT (:meth:`autoplan.models.gpt.GPTConfig.num_params`, all trainable), else counted on
+    the model built on the meta device (no weight memory; a parameter shared by two modules
+    counts once)."""
+    if spec.source == "builtin" and spec.name == "gpt":
+        from autoplan.models.gpt import GPTConfig
+
+        n = GPTConfig.from_dict(spec.config).num_params()
+        return n, n
     from autoplan.models import build_model
 
     model = build_model(spec, device="meta")
@@ -56,6 +63,8 @@ def states_lower_bound(params: int, trainable: int, devices: int, precision: str
 def check_states_fit(spec, cluster: Cluster, precision: str) -> float:
     """Raise InfeasibleError, with the numbers, when the model states alone cannot fit
     (module docstring); return the seconds the check took."""
+    from autoplan.models.names import describe
+
     t0 = time.perf_counter()
     params, trainable = parameter_counts(spec)
     need = states_lower_bound(params, trainable, cluster.world_size, precision) \
@@ -65,7 +74,7 @@ def check_states_fit(spec, cluster: Cluster, precision: str) -> float:
         p_b, g_b, o_b = PRECISION_BYTES[precision]
         raise InfeasibleError(
             f"model does not fit: memory per device is the binding constraint. "
-            f"{spec.name}'s {params / 1e9:.4g}B parameters need "
+            f"{describe(spec)}'s {params / 1e9:.4g}B parameters need "
             f"{_size(states_lower_bound(params, trainable, 1, precision))} of model states "
             f"({p_b:g} + {g_b:g} + {o_b:g} bytes per parameter, {precision} precision); "
             f"sharded evenly over all {cluster.world_size} devices that is at least "
