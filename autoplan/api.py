@@ -189,19 +189,19 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     from autoplan.planner.to_plan import build_search_plan
 
     gap = search_gap(problem.spec)
-    if gap is not None:       # decided before searching: the search's plan would be dropped
-        plan, uniform = _plan_uniform(problem, space=space, top_k=top_k, progress=None)
-        note = f"{gap}, so the search did not run; this is the uniform grid's best"
-        return replace(plan, planner={**plan.planner, "note": note}), uniform
-    options = options or SearchOptions()
-    if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
-        options = replace(options, max_stages=1)
     uniform = uniform_plan = None
     uniform_error = None
     try:
         uniform_plan, uniform = _plan_uniform(problem, space=space, top_k=top_k, progress=None)
     except InfeasibleError as exc:
         uniform_error = str(exc)
+    if gap is not None and uniform_plan is not None:
+        # decided before searching: the search's plan would give way to the grid's
+        note = f"{gap}, so the search did not run; this is the uniform grid's best"
+        return replace(uniform_plan, planner={**uniform_plan.planner, "note": note}), uniform
+    options = options or SearchOptions()
+    if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
+        options = replace(options, max_stages=1)
     try:
         result = search(problem.spec, problem.graph, problem.cluster,
                         global_batch=problem.global_batch, precision=problem.precision,
