@@ -100,6 +100,8 @@ def run_plan(model: str, cluster: str, nodes: int, batch: int, planner: str,
         proc, times = _run(["-m", "autoplan.cli", "plan", model, "--cluster", cluster,
                             "--nodes", str(nodes), "--global-batch", str(batch), "--planner",
                             planner, "-o", f"{tmp}/plan.json", "--json"], code)
+    if proc.returncode == 2:        # a user-level error (nothing fits): recorded, not a crash
+        return {**times, "exit_status": 2, "message": proc.stderr.strip()[-600:]}
     if proc.returncode:
         raise RuntimeError(f"autoplan plan {model} failed: {proc.stderr[-2000:]}")
     doc = json.loads(proc.stdout)
@@ -122,6 +124,12 @@ def run_help(code: Path) -> dict:
     if proc.returncode:
         raise RuntimeError(proc.stderr[-2000:])
     return times
+
+
+def _outcome(r: dict) -> str:
+    if "step_time_s" in r:
+        return f"{r['plan']}: {r['step_time_s']:.5g} s/step"
+    return f"exit {r['exit_status']}: {r['message']}"
 
 
 def _median(runs: list[dict], key: str = "cpu_seconds") -> float:
@@ -159,8 +167,7 @@ def main() -> int:
             r = plans[key][planner][0]
             print(f"{key} --planner {planner}: {_median(plans[key][planner]):.1f} CPU s "
                   f"({_median(plans[key][planner], 'wall_seconds'):.1f} s wall, load "
-                  f"{r['load_1min']}) -> {r['plan']}, {r['step_time_s']:.5g} s/step",
-                  flush=True)
+                  f"{r['load_1min']}) -> {_outcome(r)}", flush=True)
 
     rows = []
     if traces:
@@ -176,7 +183,7 @@ def main() -> int:
         for planner, runs in by_planner.items():
             rows.append([f"plan {key} ({planner})", f"{_median(runs):.2f}",
                          f"{_median(runs, 'wall_seconds'):.2f}", runs[0]["load_1min"],
-                         f"{runs[0]['plan']}: {runs[0]['step_time_s']:.5g} s/step"])
+                         _outcome(runs[0])[:100]])
     print_table(f"autoplan CPU seconds (median of {repeats}, fresh process each; "
                 f"code: {code})", ["what", "CPU s", "wall s", "load", "result"], rows)
 
@@ -206,7 +213,12 @@ def main() -> int:
         for key, by_planner in plans.items():
             for planner, runs in by_planner.items():
                 old = base.get(key, {}).get(planner)
-                if not old:
+                if not old or "step_time_s" not in old[0]:
+                    continue
+                if "step_time_s" not in runs[0]:
+                    targets.append(target(f"plan {key} ({planner}): a plan, as in "
+                                          f"{args.baseline.name}", "a plan",
+                                          runs[0]["message"][:80], False))
                     continue
                 ratio = runs[0]["step_time_s"] / old[0]["step_time_s"]
                 targets.append(target(f"plan {key} ({planner}): step time vs "
