@@ -12,10 +12,12 @@
 ``optimize`` runs the Alpa-style search by default (``planner="auto"``,
 :mod:`autoplan.planner.search`) with the uniform grid beside it, whose best configuration the
 plan keeps as ``comparison`` (the search's plan is never predicted slower). The engine runs
-search plans (:mod:`engine.staged`); for a model whose search plan it cannot run yet (a
-Hugging Face model or tied embeddings with per-op placements) ``optimize`` returns the
-grid's best and says why in ``plan.planner["note"]``. ``planner="uniform"`` runs the grid
-alone.
+search plans (:mod:`engine.staged`); for a model whose search plans it cannot run yet (a
+Hugging Face model, tied embeddings, Llama-style weights sharded per op) ``optimize`` does
+not search (:func:`search_gap`, decided first) and returns the grid's best, saying why in
+``plan.planner["note"]``. ``planner="uniform"`` runs the grid alone. Before tracing,
+``optimize`` (and ``autoplan plan``) rejects a model whose states alone cannot fit
+(:mod:`autoplan.planner.bounds`).
 """
 
 from __future__ import annotations
