@@ -12,10 +12,12 @@
 ``optimize`` runs the Alpa-style search by default (``planner="auto"``,
 :mod:`autoplan.planner.search`) with the uniform grid beside it, whose best configuration the
 plan keeps as ``comparison`` (the search's plan is never predicted slower). The engine runs
-search plans (:mod:`engine.staged`); for a model whose search plan it cannot run yet (a
-Hugging Face model or tied embeddings with per-op placements) ``optimize`` returns the
-grid's best and says why in ``plan.planner["note"]``. ``planner="uniform"`` runs the grid
-alone.
+search plans (:mod:`engine.staged`); for a model whose search plans it cannot run yet (a
+Hugging Face model, tied embeddings, Llama-style weights sharded per op) ``optimize`` does
+not search (:func:`search_gap`, decided first) and returns the grid's best, saying why in
+``plan.planner["note"]``. ``planner="uniform"`` runs the grid alone. Before tracing,
+``optimize`` (and ``autoplan plan``) rejects a model whose states alone cannot fit
+(:mod:`autoplan.planner.bounds`).
 """
 
 from __future__ import annotations
@@ -81,9 +83,11 @@ class Problem:
 
 def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
             nodes: int | None = None, seq_len: int | None = None,
-            precision: str | None = None,
+            precision: str | None = None, check_fits: bool = False,
             memory_headroom: float = DEFAULT_HEADROOM) -> Problem:
-    """Resolve the model and cluster and trace the model (micro-batch 1) on the meta device."""
+    """Resolve the model and cluster and trace the model (micro-batch 1) on the meta device.
+    ``check_fits`` (for planning): first raise InfeasibleError when the model states alone
+    cannot fit in the cluster's memory (:mod:`autoplan.planner.bounds`), without tracing."""
     from autoplan.trace import trace
 
     if isinstance(model, nn.Module):
@@ -107,6 +111,10 @@ def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
         precision = "fp32" if clus.device.name.lower().startswith("cpu") else "mixed"
     if precision not in ("mixed", "fp32"):
         raise ConfigError(f"must be 'mixed' or 'fp32', got {precision!r}", field="precision")
+    if check_fits:
+        from autoplan.planner.bounds import check_states_fit
+
+        check_states_fit(spec, clus, precision)
     seq = seq_len or default_seq_len(spec)
     import torch
 
@@ -196,15 +204,20 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     from autoplan.planner.search import Candidate, SearchOptions, search
     from autoplan.planner.to_plan import build_search_plan
 
-    options = options or SearchOptions()
-    if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
-        options = replace(options, max_stages=1)
+    gap = search_gap(problem.spec)
     uniform = uniform_plan = None
     uniform_error = None
     try:
         uniform_plan, uniform = _plan_uniform(problem, space=space, top_k=top_k, progress=None)
     except InfeasibleError as exc:
         uniform_error = str(exc)
+    if gap is not None and uniform_plan is not None:
+        # decided before searching: the search's plan would give way to the grid's
+        note = f"{gap}, so the search did not run; this is the uniform grid's best"
+        return replace(uniform_plan, planner={**uniform_plan.planner, "note": note}), uniform
+    options = options or SearchOptions()
+    if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
+        options = replace(options, max_stages=1)
     try:
         result = search(problem.spec, problem.graph, problem.cluster,
                         global_batch=problem.global_batch, precision=problem.precision,
@@ -252,6 +265,28 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     return plan, result
 
 
+def search_gap(spec: ModelSpec) -> str | None:
+    """Why the engine would run none of the search's plans of ``spec`` that place ops
+    individually (None: it may run them, or it runs no plan of this model at all and a plan
+    is paper either way). Such a plan would be replaced by the grid's best after the search
+    (:func:`_engine_gap`), so the search is not run. A plan sharding some weight stands for
+    the search's plans: the search shards weights whenever it pays (the only plans it
+    would keep are those the uniform runtime also expresses, which the grid finds)."""
+    from types import SimpleNamespace
+
+    from autoplan.errors import PlanError
+
+    try:
+        from engine.model import check_supported
+        from engine.staged import per_op_gap
+
+        check_supported(spec)
+    except (PlanError, ImportError):
+        return None
+    sharded = SimpleNamespace(param_placements={"<any weight>": {"tp": "Shard(0)"}})
+    return per_op_gap(spec) or per_op_gap(spec, sharded)
+
+
 def _engine_gap(spec: ModelSpec, plan: Plan) -> str | None:
     """Why the engine cannot run ``plan`` of a model it runs otherwise (None: it can, or it
     runs no plan of this model at all)."""
@@ -287,7 +322,7 @@ def optimize(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
         raise ConfigError(f"must be one of {', '.join(PLANNERS)}, got {planner!r}"[:200],
                           field="planner")
     problem = prepare(model, cluster, global_batch=global_batch, nodes=nodes, seq_len=seq_len,
-                      precision=precision)
+                      precision=precision, check_fits=True)
     plan, _ = plan_problem(problem, space=space, top_k=top_k, planner=planner,
                            options=options)
     return plan

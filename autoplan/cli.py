@@ -270,7 +270,7 @@ def _progress_search(problem, space=None, top_k: int = 5, quiet: bool = False):
                             if n % 256 == 0 or n == total else None)
 
 
-def _prepare(args: argparse.Namespace):
+def _prepare(args: argparse.Namespace, check_fits: bool = False):
     from rich.console import Console
 
     from autoplan.api import prepare
@@ -279,6 +279,7 @@ def _prepare(args: argparse.Namespace):
     with console.status(f"tracing {args.model} on the meta device ...", spinner="dots"):
         return prepare(_spec(args), args.cluster, global_batch=args.global_batch,
                        nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
+                       check_fits=check_fits,
                        **({"memory_headroom": args.memory_headroom}
                           if getattr(args, "memory_headroom", None) is not None else {}))
 
@@ -291,7 +292,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from autoplan.display import plan_dict, print_plan
 
     t0 = time.perf_counter()
-    problem = _prepare(args)
+    problem = _prepare(args, check_fits=True)
     t_trace = time.perf_counter() - t0
     if args.planner == "uniform":
         plan, result = _progress_search(problem, top_k=args.top_k, quiet=args.json)
@@ -308,10 +309,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             t1 = time.perf_counter()
             plan, result = plan_problem(problem, top_k=args.top_k, planner="auto")
             search_s = time.perf_counter() - t1
-        st = result.stats
+        st = getattr(result, "stats", None)           # None: the grid alone (plan's note)
         how = (f"searched in {search_s:.1f} s ({st['ilp_solves']} intra-op ILPs, the stage DP "
                f"over {len(st['micro_batch_counts'])} micro-batch counts; "
-               f"{st['candidates']} pipelines, {len(result.ranked)} priced exactly)")
+               f"{st['candidates']} pipelines, {len(result.ranked)} priced exactly)"
+               if st is not None else f"searched {result.evaluated} uniform configurations "
+               f"in {search_s:.1f} s")
     path = plan.save(args.output)
     seconds = time.perf_counter() - t0
     if args.json:

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
+#: Where results go: benchmarks/results, or ``$AUTOPLAN_BENCHMARK_RESULTS`` (the tests that
+#: run each benchmark's ``--quick`` mode write to a temporary folder).
+RESULTS = Path(os.environ.get("AUTOPLAN_BENCHMARK_RESULTS")
+               or Path(__file__).resolve().parent / "results")
 
 
 def machine() -> dict[str, Any]:
@@ -48,8 +51,10 @@ def write_results(name: str, measurements: Any, targets: list[dict[str, Any]],
 
     doc = {"benchmark": name, "machine": machine(),
            "date": time.strftime("%Y-%m-%d", time.gmtime()),
-           "command": "python " + " ".join([f"benchmarks/{name}.py", *sys.argv[1:]]),
+           "command": "python " + " ".join([f"benchmarks/{Path(sys.argv[0]).name}",
+                                            *sys.argv[1:]]),
            "measurements": measurements, "targets": targets, **(extra or {})}
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path = atomic_write_text(RESULTS / f"{name}.json",
                              json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
     print_table(f"{name}: targets", ["target", "wanted", "value", "met"],

@@ -57,8 +57,8 @@ from autoplan.planner.evaluate import Evaluator, PipelineChoice, StageChoice
 from autoplan.planner.inter_op import pipeline_dp
 from autoplan.planner.library import LAMBDAS, Library, build_library
 from autoplan.planner.mesh import LogicalMesh, submesh_shapes
-from autoplan.planner.tables import (KindTable, LayerArrays, kind_table, layer_arrays,
-                                     pick_layouts, range_costs, range_table)
+from autoplan.planner.tables import (INF, KindTable, LayerArrays, kind_table,
+                                     layer_arrays, priced_rows, range_table)
 
 log = logging.getLogger(__name__)
 
@@ -315,26 +315,22 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int
     a = np.array([c[0] for c in spans])
     b = np.array([c[1] for c in spans])
     best: dict[tuple[str, int], tuple[float, LogicalMesh, tuple, dict]] = {}
+    # chunk c on rank c % pp: row r of a (v, pp) matrix holds chunks r pp .. r pp + pp - 1
+    grid = {v: np.array([where[c] for c in chunks_of[v]]).reshape(v, pp) for _, v in plans}
+    flight = {(sched, v): np.array([in_flight_micro_batches(sched, pp, d, m, v)
+                                    for d in range(pp)]) for sched, v in plans}
     for mesh in meshes:
         kt = {k: tables.get((k, mesh)) for k in kinds}
         if any(t is None for t in kt.values()):
             continue
-        done = set()
-        picks = pick_layouts(ev, kt, mesh, m, combos)
-        for combo, pick in zip(combos, picks):
-            if pick is None:
-                continue
-            lam, z, ck = combo
-            key = (tuple(sorted(pick.items())), z, ck)
-            if key in done:
-                continue
-            done.add(key)
-            rc = range_costs(ev, arrays(mesh, kt, pick, ck), mesh, mb, m, z, a, b)
-            for sched, v in plans:
-                idx = np.array([where[c] for c in chunks_of[v]])
-                lat = _balanced_latency(rc, idx, pp, v, m, sched, memory)
-                if lat is not None and ((sched, v) not in best or lat < best[(sched, v)][0]):
-                    best[(sched, v)] = (lat, mesh, combo, pick)
+        rows, rc, picks = priced_rows(ev, mesh, mb, m, kt, combos, arrays, a, b)
+        if not rows:
+            continue
+        for sched, v in plans:
+            lat = _balanced_latency(rc, grid[v], v, m, flight[(sched, v)], memory)
+            r = int(np.argmin(lat))         # the first of the fastest, in combo order
+            if np.isfinite(lat[r]) and ((sched, v) not in best or lat[r] < best[(sched, v)][0]):
+                best[(sched, v)] = (float(lat[r]), mesh, combos[rows[r]], picks[rows[r]])
     out = []
     for (sched, v), (lat, mesh, combo, pick) in best.items():
         stages = tuple(_stage(ms, mesh, combo, pick, tables, ca, cb)
@@ -343,25 +339,24 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int
     return out
 
 
-def _balanced_latency(rc, idx: np.ndarray, pp: int, v: int, m: int, sched: str,
-                      memory: float) -> float | None:
-    """Pipeline latency of chunks ``idx`` (rows of ``rc``), chunk c on rank c % pp."""
-    dev_t, dev_u = [], []
-    for d in range(pp):
-        cs = idx[d::pp]
-        t = float((rc.t[cs] + rc.send[cs]).sum())
-        states, act, fixed = float(rc.states[cs].sum()), float(rc.act[cs].sum()), \
-            float(rc.fixed[cs].max())
-        if states + in_flight_micro_batches(sched, pp, d, m, v) * act + fixed > memory:
-            return None
-        dev_t.append(t)
-        dev_u.append(float(rc.u[cs].sum()))
-    slow = max(dev_t)
+def _balanced_latency(rc, grid: np.ndarray, v: int, m: int, flight: np.ndarray,
+                      memory: float) -> np.ndarray:
+    """Pipeline latency of the chunks in ``grid`` (columns of ``rc``'s rows; grid column d:
+    the chunks of rank d) for every row of ``rc``; ``flight[d]``: micro-batches rank d
+    holds; inf where a rank runs out of memory. Sums over ranks run in rank order."""
+    states = rc.states[:, grid].sum(axis=1)                    # (R, pp)
+    act = rc.act[:, grid].sum(axis=1)
+    fixed = rc.fixed[:, grid].max(axis=1)
+    fits = ~(states + flight * act + fixed > memory).any(axis=1)
+    dev_t = (rc.t[:, grid] + rc.send[grid]).sum(axis=1)        # (R, pp)
+    slow = dev_t.max(axis=1)
+    pp = grid.shape[1]
     if v == 1:
-        pipe = sum(dev_t) + (m - 1) * slow
+        pipe = np.cumsum(dev_t, axis=1)[:, -1] + (m - 1) * slow
     else:
         pipe = m * slow + (pp - 1) * slow / v
-    return pipe + max(dev_u)
+    lat = pipe + rc.u[:, grid].sum(axis=1).max(axis=1)
+    return np.where(fits, lat, INF)
 
 
 def _nothing_fits(ev: Evaluator, cluster: Cluster, global_batch: int) -> str:

@@ -182,45 +182,49 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
                 combos: list[tuple[float, int, bool]], memory: float) -> RangeTable:
     """(module docstring) ``units``: layer index where each unit starts, plus the end;
     ``tables[(kind, mesh)]``: the :class:`KindTable` of each kind (None: no valid layout);
-    ``arrays(mesh, kt, pick, checkpoint)``: cached :func:`layer_arrays`."""
+    ``arrays(mesh, kt, pick, checkpoint)``: cached :func:`layer_arrays`.
+
+    Per mesh, the distinct (layouts, z, recomputation) of the combos are priced as the rows
+    of one (rows x ranges) array (:func:`priced_rows`), and the fastest row that fits is
+    taken per position at once: the first of equal ones, as a scan of the combos in order
+    keeping strictly faster ones would."""
     ms = ev.ms
     u_count = len(units) - 1
     s1 = max_stages + 1
-    best_t = np.full((s1, u_count, u_count + 1), INF)
-    best_c = np.full(best_t.shape, -1, dtype=np.int64)
-    best_m = np.full(best_t.shape, -1, dtype=np.int64)
     choice: dict[tuple[int, int], dict[str, int]] = {}
     kinds = list(dict.fromkeys(ms.layer_kind))
     ui, uj = np.triu_indices(u_count + 1, k=1)          # every unit range [i, j)
     keep = ui < u_count
     ui, uj = ui[keep], uj[keep]
     starts, ends = np.array(units)[ui], np.array(units)[uj]
+    flat_t = np.full((s1, len(ui)), INF)
+    flat_c = np.full(flat_t.shape, -1, dtype=np.int64)
+    flat_m = np.full(flat_t.shape, -1, dtype=np.int64)
+    positions = np.arange(s1)[:, None, None]
     for mi, mesh in enumerate(meshes):
         kt = {k: tables.get((k, mesh)) for k in kinds}
         if any(v is None for v in kt.values()):
             continue
-        done: dict[tuple, bool] = {}
-        picks = pick_layouts(ev, kt, mesh, m, combos)
-        for ci, (lam, z, ck) in enumerate(combos):
-            pick = picks[ci]
-            if pick is None:                # a coherent layout not valid on this mesh
-                continue
-            choice[(mi, ci)] = pick
-            key = (tuple(sorted(pick.items())), z, ck)
-            if key in done:                 # another lambda picked the same layouts
-                continue
-            done[key] = True
-            la = arrays(mesh, kt, pick, ck)
-            rc = range_costs(ev, la, mesh, micro_batch, m, z, starts, ends)
-            lat = rc.t + rc.send + rc.u / m
-            mem = rc.states[None, :] + np.arange(s1)[:, None] * rc.act[None, :] \
-                + rc.fixed[None, :]                                    # (S + 1, P)
-            ok = mem <= memory
-            cur = best_t[:, ui, uj]
-            better = ok & (lat[None, :] < cur)
-            best_t[:, ui, uj] = np.where(better, lat[None, :], cur)
-            best_c[:, ui, uj] = np.where(better, ci, best_c[:, ui, uj])
-            best_m[:, ui, uj] = np.where(better, mi, best_m[:, ui, uj])
+        rows, rc, picks = priced_rows(ev, mesh, micro_batch, m, kt, combos, arrays,
+                                      starts, ends)
+        choice.update({(mi, ci): p for ci, p in enumerate(picks) if p is not None})
+        if not rows:
+            continue
+        lat = rc.t + rc.send + rc.u / m                                 # (R, P)
+        mem = rc.states[None] + positions * rc.act[None] + rc.fixed[None]   # (S + 1, R, P)
+        cand = np.where(mem <= memory, lat[None], INF)
+        k = np.argmin(cand, axis=1)                                     # (S + 1, P)
+        val = np.take_along_axis(cand, k[:, None, :], axis=1)[:, 0, :]
+        better = val < flat_t
+        flat_t = np.where(better, val, flat_t)
+        flat_c = np.where(better, np.array(rows)[k], flat_c)
+        flat_m = np.where(better, mi, flat_m)
+    best_t = np.full((s1, u_count, u_count + 1), INF)
+    best_c = np.full(best_t.shape, -1, dtype=np.int64)
+    best_m = np.full(best_t.shape, -1, dtype=np.int64)
+    best_t[:, ui, uj] = flat_t
+    best_c[:, ui, uj] = flat_c
+    best_m[:, ui, uj] = flat_m
     best_t[0] = INF
     return RangeTable(best_t, best_c, best_m, combos, meshes, choice)
 
@@ -242,14 +246,13 @@ class LayerArrays:
     checkpoint: bool
     _sparse: tuple = None        # sparse tables of both per-layer maxima (built on first use)
 
-    def range_max(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(max peak, max gathered) over layers [a_k, b_k) (non-empty ranges), by sparse
-        tables: level k holds the maximum over [i, i + 2^k)."""
+    def sparse(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sparse tables of (peak, gathered): level k holds the maximum over [i, i + 2^k),
+        so the maximum over [a, b) is that of levels floor(log2(b - a)) at a and at
+        b - 2^k (:func:`range_base`)."""
         if self._sparse is None:
             self._sparse = (_sparse_table(self.peak), _sparse_table(self.gathered))
-        k = np.floor(np.log2(b - a)).astype(int)
-        span = 1 << k
-        return tuple(np.maximum(t[k, a], t[k, b - span]) for t in self._sparse)
+        return self._sparse
 
 
 def _sparse_table(x: np.ndarray) -> np.ndarray:
@@ -268,17 +271,18 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
     ms = ev.ms
     kinds = ms.layer_kind
     n_layers = len(kinds)
-    rows = [kt[k] for k in kinds]
-    sel = [pick[k] for k in kinds]
-    rec = np.array([checkpoint and ms.is_block[l] for l in range(n_layers)])
-    f = np.array([r.f[s] for r, s in zip(rows, sel)])
-    b = np.array([r.b[s] for r, s in zip(rows, sel)])
-    cf = np.array([r.cf[s] for r, s in zip(rows, sel)])
-    cb = np.array([r.cb[s] for r, s in zip(rows, sel)])
-    act_full = np.array([r.act[s] for r, s in zip(rows, sel)])
-    kept = np.array([r.kept[s] for r, s in zip(rows, sel)])
-    psi = np.array([r.psi[s] for r, s in zip(rows, sel)])
-    gath = np.array([r.gathered[s] for r, s in zip(rows, sel)])
+    order = list(dict.fromkeys(kinds))
+    of = {k: i for i, k in enumerate(order)}
+    kidx = np.array([of[k] for k in kinds], dtype=np.int64)
+    sel = [(kt[k], pick[k]) for k in order]
+
+    def per_layer(field: str) -> np.ndarray:        # each layer takes its kind's pick
+        return np.array([getattr(t, field)[s] for t, s in sel], dtype=float)[kidx]
+
+    rec = np.array(ms.is_block, dtype=bool) & bool(checkpoint)
+    f, b, cf, cb = (per_layer(x) for x in ("f", "b", "cf", "cb"))
+    act_full, kept, gath = per_layer("act"), per_layer("kept"), per_layer("gathered")
+    psi = per_layer("psi")
     trans = np.zeros(n_layers)
     trans_f = np.zeros(n_layers)
     pairs: dict[tuple[str, str], tuple[float, float]] = {}
@@ -300,7 +304,8 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
 
 @dataclass
 class RangeCosts:
-    """Figures of stages covering layers [a, b) for several b (arrays over b)."""
+    """Figures of stages covering layers [a, b) for several b (arrays over b; a leading
+    axis over the stacked :class:`LayerArrays` where there are several)."""
 
     t: np.ndarray            # per micro-batch, sends excluded
     u: np.ndarray            # per step: exposed gradient sync, ZeRO-3 gathers, optimizer
@@ -310,45 +315,126 @@ class RangeCosts:
     send: np.ndarray         # seconds per micro-batch of sending the output (and its grad)
 
 
-def range_costs(ev: Evaluator, la: LayerArrays, mesh: LogicalMesh, micro_batch: int, m: int,
-                zero: int, a: np.ndarray, b: np.ndarray) -> RangeCosts:
-    """Stages of layers [a_k, b_k) for arrays ``a``, ``b`` (module docstring's formulas)."""
+@dataclass
+class RangeBase:
+    """The parts of :class:`RangeCosts` that depend neither on the ZeRO stage nor on m, for
+    K stacked :class:`LayerArrays` (arrays (K, P) over P ranges; ``send`` (P,))."""
+
+    t: np.ndarray
+    bwd: np.ndarray          # backward compute (what hides the gradient sync)
+    fb: np.ndarray           # forward + backward compute (what hides ZeRO-3 gathers)
+    ps: np.ndarray           # (K, P, 4) local parameters per sync bucket
+    div: np.ndarray          # (4,) each bucket's group size (1 for one rank)
+    synced: list[int]        # buckets whose group has more than one rank
+    sync: np.ndarray         # all-reduce seconds of the gradients
+    gather: np.ndarray       # all-gather seconds of the parameters (ZeRO-3)
+    act: np.ndarray
+    peak: np.ndarray         # max recompute peak over the range
+    gathered: np.ndarray     # max gathered parameter bytes over the range
+    send: np.ndarray
+
+
+def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_batch: int,
+               a: np.ndarray, b: np.ndarray) -> RangeBase:
+    """The z- and m-independent sums over layers [a_k, b_k) (module docstring) of every
+    :class:`LayerArrays` in ``las`` at once (one array operation per term, not one per
+    layout, recomputation and range)."""
     from autoplan.cost.comm import Group
 
-    n_layers = len(la.peak)
+    n_layers = len(las[0].peak)
     groups = [mesh.group(axes) for axes in BUCKETS]
     synced = [k for k, g in enumerate(groups) if g.size > 1]
     dsize = np.array([g.size for g in groups], dtype=float)
     div = np.where(dsize > 1, dsize, 1.0)
-    t = la.c_t[b] - la.c_t[a] + (la.c_tr[b] - la.c_tr[a + 1])
-    if la.checkpoint:
-        t = t + la.c_rf[b] - la.c_rf[a] + (la.c_trf[b] - la.c_trf[a + 1])
-    bwd = la.c_b[b] - la.c_b[a]
-    fb = la.c_fb[b] - la.c_fb[a]
-    ps = la.c_psi[b] - la.c_psi[a]
-    sync = np.zeros(len(a))
+    stack = lambda name: np.array([getattr(la, name) for la in las])    # noqa: E731
+    c_t, c_tr = stack("c_t"), stack("c_tr")
+    t = c_t[:, b] - c_t[:, a] + (c_tr[:, b] - c_tr[:, a + 1])
+    ck = np.array([la.checkpoint for la in las])
+    if ck.any():
+        c_rf, c_trf = stack("c_rf"), stack("c_trf")
+        t = np.where(ck[:, None], t + c_rf[:, b] - c_rf[:, a] + (c_trf[:, b] - c_trf[:, a + 1]),
+                     t)
+    c_b, c_fb, c_psi, c_act = stack("c_b"), stack("c_fb"), stack("c_psi"), stack("c_act")
+    bwd = c_b[:, b] - c_b[:, a]
+    fb = c_fb[:, b] - c_fb[:, a]
+    ps = c_psi[:, b] - c_psi[:, a]
+    sync = np.zeros(bwd.shape)
+    gather = np.zeros(bwd.shape)
     for k in synced:
-        sync += _coll_vec(_line(ev, "all_reduce", groups[k]), ps[:, k] * REDUCE_BYTES)
-    u = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * bwd, OVERLAP_COST * sync),
-                 0.0)
-    if zero == 3:
-        gat = np.zeros(len(a))
-        for k in synced:
-            gat += _coll_vec(_line(ev, "all_gather", groups[k]), ps[:, k] * ev.cm.param_bytes)
-        u = u + m * np.where(gat > 0, np.maximum(2 * gat - (1 - OVERLAP_COST) * fb,
-                                                 OVERLAP_COST * 2 * gat), 0.0)
-    local = (ps / div).sum(axis=1) if zero >= 1 else ps.sum(axis=1)
-    u = u + ev.cm.compute.optimizer_time(1.0) * local
-    p_b, g_b, o_b = ev.cm.state_bytes
-    states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / (div if zero >= 2 else 1)
-                    + o_b / (div if zero >= 1 else 1))).sum(axis=1)
-    act = la.c_act[b] - la.c_act[a]
-    fixed, gathered = la.range_max(a, b)
-    if zero == 3 and synced:
-        fixed = fixed + 2 * gathered * (ps[:, synced].sum(axis=1) > 0)
+        sync += _coll_vec(_line(ev, "all_reduce", groups[k]), ps[..., k] * REDUCE_BYTES)
+        gather += _coll_vec(_line(ev, "all_gather", groups[k]), ps[..., k] * ev.cm.param_bytes)
+    act = c_act[:, b] - c_act[:, a]
+    level = np.floor(np.log2(b - a)).astype(int)          # sparse tables (LayerArrays)
+    span = 1 << level
+    tables = [la.sparse() for la in las]
+    peak_t = np.array([tp for tp, _ in tables])
+    gath_t = np.array([tg for _, tg in tables])
+    peak = np.maximum(peak_t[:, level, a], peak_t[:, level, b - span])
+    gathered = np.maximum(gath_t[:, level, a], gath_t[:, level, b - span])
     out_bytes = ev.output_bytes[np.maximum(b - 1, 0)]
     cross = ev.cm.cluster.nodes > 1 and 2 * mesh.size > ev.cm.cluster.devices_per_node
     line = _line(ev, "send_recv", Group(size=2, ranks_per_node=1 if cross else 2))
     send = np.where(b == n_layers, 0.0,
                     2 * _coll_vec(line, out_bytes * micro_batch / ev.b0 / mesh.size))
-    return RangeCosts(t, u, states, act, fixed, send)
+    return RangeBase(t, bwd, fb, ps, div, synced, sync, gather, act, peak, gathered, send)
+
+
+def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCosts:
+    """:class:`RangeCosts` of ``base`` at ZeRO stage ``zero`` with ``m`` micro-batches."""
+    sync, ps, div, synced = base.sync, base.ps, base.div, base.synced
+    u = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * base.bwd,
+                                      OVERLAP_COST * sync), 0.0)
+    if zero == 3:
+        gat = base.gather
+        u = u + m * np.where(gat > 0, np.maximum(2 * gat - (1 - OVERLAP_COST) * base.fb,
+                                                 OVERLAP_COST * 2 * gat), 0.0)
+    local = (ps / div).sum(axis=-1) if zero >= 1 else ps.sum(axis=-1)
+    u = u + ev.cm.compute.optimizer_time(1.0) * local
+    p_b, g_b, o_b = ev.cm.state_bytes
+    states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / (div if zero >= 2 else 1)
+                    + o_b / (div if zero >= 1 else 1))).sum(axis=-1)
+    fixed = base.peak
+    if zero == 3 and synced:
+        fixed = fixed + 2 * base.gathered * (ps[..., synced].sum(axis=-1) > 0)
+    return RangeCosts(base.t, u, states, base.act, fixed, base.send)
+
+
+def priced_rows(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, m: int, kt: dict,
+                combos: list[tuple[float, int, bool]], arrays, a: np.ndarray, b: np.ndarray
+                ) -> tuple[list[int], RangeCosts | None, list[dict[str, int] | None]]:
+    """The combos of ``mesh`` with distinct (layouts, z, recomputation), in combo order, and
+    their :class:`RangeCosts` over ranges [a_k, b_k) as rows (R, P); also every combo's
+    layouts (:func:`pick_layouts`; None where a coherent layout is not valid here)."""
+    picks = pick_layouts(ev, kt, mesh, m, combos)
+    rows: list[int] = []
+    which: list[tuple[int, int]] = []          # (row of its LayerArrays, z)
+    lay_of: dict[tuple, int] = {}
+    las: list[LayerArrays] = []
+    done: set[tuple] = set()
+    for ci, (lam, z, ck) in enumerate(combos):
+        pick = picks[ci]
+        if pick is None:
+            continue
+        key = (tuple(sorted(pick.items())), z, ck)
+        if key in done:                 # another lambda picked the same layouts
+            continue
+        done.add(key)
+        if (key[0], ck) not in lay_of:
+            lay_of[(key[0], ck)] = len(las)
+            las.append(arrays(mesh, kt, pick, ck))
+        rows.append(ci)
+        which.append((lay_of[(key[0], ck)], z))
+    if not rows:
+        return rows, None, picks
+    base = range_base(ev, las, mesh, micro_batch, a, b)
+    zs = sorted({z for _, z in which})
+    per_z = {z: finish_range(ev, base, m, z) for z in zs}
+    k_of = np.array([k for k, _ in which])
+    z_of = np.array([zs.index(z) for _, z in which])
+
+    def gather(field: str) -> np.ndarray:
+        return np.array([getattr(per_z[z], field) for z in zs])[z_of, k_of]
+
+    rc = RangeCosts(base.t[k_of], gather("u"), gather("states"), base.act[k_of],
+                    gather("fixed"), base.send)
+    return rows, rc, picks

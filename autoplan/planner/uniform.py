@@ -143,11 +143,7 @@ def search_uniform(graph: OpGraph, cluster: Cluster, global_batch: int, *,
         if progress is not None:
             progress(evaluated)
     if evaluated == 0:
-        raise InfeasibleError(
-            f"no valid configuration of {cluster.world_size} devices for global batch "
-            f"{global_batch}: the batch must be divisible by the data-parallel degree and the "
-            f"tensor-parallel degree must divide the model's sharded dimensions "
-            f"(valid TP degrees here: {tp_degrees(graph, cluster, divides)})")
+        raise InfeasibleError(_refusal(graph, cluster, global_batch, space, divides))
     if not feasible:
         raise InfeasibleError(explain_infeasible(closest, cluster))
     feasible.sort(key=lambda c: (c.prediction.step_time_s, c.prediction.memory.total,
@@ -155,6 +151,34 @@ def search_uniform(graph: OpGraph, cluster: Cluster, global_batch: int, *,
     return SearchResult(best=feasible[0], ranked=feasible, evaluated=evaluated,
                         feasible=len(feasible), seconds=time.perf_counter() - start,
                         closest_infeasible=closest)
+
+
+def _refusal(graph: OpGraph, cluster: Cluster, global_batch: int, space: SearchSpace,
+             divides: tuple[int, ...]) -> str:
+    """Why :func:`enumerate_configs` yields nothing: the rules that removed the (tp, pp)
+    splits of the devices, each with how many it removed (the first failing rule of each
+    split, in :func:`enumerate_configs`' order)."""
+    world, blocks = cluster.world_size, max(len(graph.blocks()), 1)
+    tps = tp_degrees(graph, cluster, divides)
+    rules = {"pp": f"more pipeline stages than the model's {blocks} blocks",
+             "dp": "the global batch is not divisible by the data-parallel degree dp",
+             "m": "fewer micro-batches than pipeline stages (m = batch / (dp b) <= "
+                  "batch / dp < pp; 1F1B and GPipe need m >= pp)",
+             "space": "outside the search space"}
+    failed = dict.fromkeys(rules, 0)
+    for tp in tps:
+        for pp in divisors(world // tp) if world % tp == 0 else []:
+            dp = world // (tp * pp)
+            rule = ("space" if (space.tp is not None and tp not in space.tp)
+                    or (space.pp is not None and pp not in space.pp)
+                    or (space.dp is not None and dp not in space.dp) else
+                    "pp" if pp > blocks else "dp" if global_batch % dp else
+                    "m" if pp > 1 and global_batch // dp < pp else "space")
+            failed[rule] += 1
+    said = "; ".join(f"{n} of them: {rules[r]}" for r, n in failed.items() if n)
+    return (f"no valid configuration of {world} devices for global batch {global_batch}: "
+            f"of the {sum(failed.values())} splits into tensor-parallel degrees {tps} (those "
+            f"that divide the model's sharded dimensions) and pipeline stages, {said}")
 
 
 def explain_infeasible(closest: Candidate, cluster: Cluster) -> str:

@@ -5,6 +5,14 @@ See :mod:`autoplan.report.report` for the sections; :mod:`.schedule` simulates t
 writes the page, :mod:`.cli` is the command.
 """
 
-from autoplan.report.report import Report, build_report, write_report
-
 __all__ = ["Report", "build_report", "write_report"]
+
+
+def __getattr__(name: str):
+    """Import on first use: registering ``autoplan report`` (and ``autoplan --help``) then
+    does not import matplotlib or torch."""
+    if name in __all__:
+        from autoplan.report import report
+
+        return getattr(report, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
