@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autoplan.errors import PlanError
+from autoplan.trust import check_plan_names, default_file_mode
 
 PLAN_FORMAT = "autoplan.plan"
 PLAN_VERSION = 2
@@ -447,6 +448,7 @@ class Plan:
         for key in d:
             if not isinstance(key, str):
                 raise PlanError(f"field '{key}': keys must be strings")
+        check_plan_names(d)                    # autoplan.trust: no control chars in names
         if d.get("format") != PLAN_FORMAT:
             raise PlanError(f"field 'format': expected {PLAN_FORMAT!r}, got "
                             f"{_show.repr(d.get('format'))}")
@@ -800,6 +802,7 @@ def _atomic_write(path: str | os.PathLike, content: str | bytes, mode: str) -> P
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, default_file_mode())         # mkstemp's 0600 -> what the umask gives
     try:
         with os.fdopen(fd, mode) as f:
             f.write(content)
