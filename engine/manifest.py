@@ -11,7 +11,7 @@ renamed into place), atomically::
 :func:`verify` re-hashes every listed file (SHA-256, FIPS 180-4) and compares sizes, so a
 flipped bit, a truncated or deleted shard, a missing ``.metadata`` or train state is found
 before ``torch.distributed.checkpoint`` reads anything. A checkpoint of another model or
-another plan layout (:func:`plan_fingerprint`) is a :class:`CheckpointMismatch` naming both
+another plan layout (:func:`autoplan.fingerprints.plan_fingerprint`) is a :class:`CheckpointMismatch` naming both
 fingerprints: resume refuses it instead of falling back, since every older checkpoint in
 that directory is of the same other run.
 """
@@ -25,15 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import AutoplanError
+from autoplan.fingerprints import plan_fingerprint  # noqa: F401 - re-exported for checkpoint
 
 MANIFEST = "manifest.json"
 FORMAT = "autoplan.checkpoint"
 VERSION = 1
 _CHUNK = 1 << 20
-
-#: Plan fields that do not change what a checkpoint holds (predictions, provenance).
-_NOT_LAYOUT = ("prediction", "alternatives", "comparison", "created_by", "planner")
-
 
 class CheckpointError(AutoplanError):
     """A checkpoint fails verification; the message says which file and how."""
@@ -41,14 +38,6 @@ class CheckpointError(AutoplanError):
 
 class CheckpointMismatch(CheckpointError):
     """A checkpoint of another model, plan or world size: never resumed, never skipped."""
-
-
-def plan_fingerprint(plan: Any) -> str:
-    """sha256 (16 hex digits) of the plan's JSON without predictions and provenance: two
-    plans with one fingerprint lay the model out the same way."""
-    doc = {k: v for k, v in plan.to_dict().items() if k not in _NOT_LAYOUT}
-    blob = json.dumps(doc, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def file_digest(path: Path) -> tuple[int, str]:

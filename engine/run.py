@@ -33,7 +33,8 @@ and goes on from the newest complete checkpoint (a fresh start when there is non
 Before any collective every rank checks the options (:mod:`engine.preflight`) and the plan
 against the launch — world size, device type, model fingerprint, what the engine supports
 (:mod:`engine.validate`) — and exits with status 2 and one ``error:`` line if they disagree.
-Global rank 0 then locks ``--out`` for the run (:mod:`engine.rundir`). A rank that fails
+Global rank 0 then locks ``--out`` for the run (:mod:`engine.rundir`) and copies the plan
+into it as ``plan.json``. A rank that fails
 later records its error first (:mod:`engine.rank_errors`): the first failing rank prints
 ``error: rank R: ...`` once, and the collective failures it causes elsewhere stay quiet. A
 collective that fails (a dead rank, or one stuck past ``--timeout-s``) ends the run with
@@ -149,8 +150,10 @@ def _lock_out_dir(cfg: RunConfig, plan: Plan, dist):
         try:
             need = SPARE_BYTES + (checkpoint_bytes(plan.num_params)
                                   if cfg.checkpoint_every else 0)
-            check_out_dir(cfg.out_dir, need_bytes=need)
-            lock = hold(cfg.out_dir)
+            out = check_out_dir(cfg.out_dir, need_bytes=need)
+            lock = hold(out)
+            # the run directory holds its own copy of the plan it ran (autoplan.calibrate)
+            plan.save(out / "plan.json")
         except AutoplanError as exc:
             verdict[0] = str(exc)
     if dist.get_world_size() > 1:

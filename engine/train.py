@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autoplan.fingerprints import run_identity
 from autoplan.models.gpt import GPT
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan, atomic_write_text
@@ -237,6 +238,7 @@ class Trainer:
                             plan_label=self.plan.parallel.label(), plan_source=self.source,
                             device=pm.device.type)
         summary["run_config"] = cfg.to_dict()
+        summary.update(run_identity(self.plan))      # checked by autoplan.calibrate
         atomic_write_text(self.out_dir / "summary.json",
                           json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(format_table(summary), flush=True)
