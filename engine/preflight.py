@@ -120,14 +120,22 @@ def check_plan_common(plan: Any, spec: Any, source: str) -> None:
                         f"multiple of parallel.num_micro_batches {p.num_micro_batches}")
 
 
+def prelaunch_check(plan: Any, source: str, *, world_size: int) -> Any:
+    """The plan's checks before launch: :func:`engine.validate.check_all` (world, device,
+    model, the runtime's support) and :func:`check_plan_common`; returns the model spec."""
+    from engine.validate import check_all
+
+    spec = check_all(plan, source, world_size=world_size)
+    check_plan_common(plan, spec, source)
+    return spec
+
+
 def preflight(plan: Any, source: str, cfg: Any, *, world_size: int) -> Any:
     """Everything checked before torchrun starts; returns the model spec."""
     from engine.rundir import check_unlocked
-    from engine.validate import check_all
 
     check_run_options(cfg)
-    spec = check_all(plan, source, world_size=world_size)
-    check_plan_common(plan, spec, source)
+    spec = prelaunch_check(plan, source, world_size=world_size)
     need = SPARE_BYTES + (checkpoint_bytes(plan.num_params) if cfg.checkpoint_every else 0)
     out = check_out_dir(cfg.out_dir, need_bytes=need)
     check_unlocked(out)
