@@ -216,16 +216,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"expected KEY=VALUE, got {item!r}", field="--set")
-        out[key] = _parse_value(value)
+        out[key] = _parse_value(value, field=f"model.{key}")
     return out
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str, *, field: str = "--set") -> Any:
     from autoplan.errors import ConfigError
 
     def no_constant(name: str) -> Any:
-        raise ConfigError(f"{name} is not a value a plan can hold (JSON has no {name})",
-                          field="--set")
+        raise ConfigError(f"{name} is not a value a plan can hold (JSON has no {name}; "
+                          "from --set)", field=field)
 
     try:
         return json.loads(text, parse_constant=no_constant)

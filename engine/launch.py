@@ -84,13 +84,15 @@ def _run_config(steps: int | None, out_dir: str | os.PathLike | None,
     from engine.config import RunConfig
     from engine.run import build_parser
 
+    from autoplan.trust import take_trust_flag
+
     argv = ["<plan>"] + (["--steps", str(steps)] if steps is not None else []) \
-        + (["--out", str(out_dir)] if out_dir is not None else []) + list(extra_args)
+        + (["--out", str(out_dir)] if out_dir is not None else []) \
+        + take_trust_flag(extra_args)[0]
     try:
         args = vars(build_parser().parse_args(argv))
     except SystemExit:
         raise AutoplanError(f"engine options {list(extra_args)} are not valid (see "
                             "python -m engine.run --help)") from None
     args.pop("plan")
-    args.pop("trust_model_code")
     return RunConfig.from_dict(args)

@@ -61,9 +61,8 @@ from engine.config import RunConfig
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.run",
                                      description="Run an autoplan plan under torchrun.")
-    parser.add_argument("plan", help="plan JSON file")
-    parser.add_argument("--trust-model-code", action="store_true",
-                        help="let the plan's import: model code be imported (plans are data)")
+    parser.add_argument("plan", help="plan JSON file (--trust-model-code, anywhere: let its "
+                                     "import: model be imported; plans are data)")
     for f in fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
         names = [flag, "--out"] if f.name == "out_dir" else [flag]
@@ -175,10 +174,11 @@ def _is_collective_failure(exc: BaseException) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from autoplan.trust import trusting
+    from autoplan.trust import take_trust_flag, trusting
 
+    argv, trust = take_trust_flag(sys.argv[1:] if argv is None else argv)
     args = vars(build_parser().parse_args(argv))
-    with trusting(args.pop("trust_model_code")):
+    with trusting(trust):
         return _main(args)
 
 

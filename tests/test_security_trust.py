@@ -150,5 +150,5 @@ def test_set_refuses_nan(value, capsys):
     code = main(["estimate", "gpt-tiny", "--cluster", "local-cpu", "--global-batch", "8",
                  "--set", f"dropout={value}"])
     assert code == 2
-    assert "--set" in capsys.readouterr().err
+    assert "--set" in capsys.readouterr().err  # field model.dropout, from --set
     assert not math.isfinite(float(value))
