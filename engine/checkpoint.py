@@ -127,10 +127,6 @@ class Checkpointer:
             return self.world_size
         return dist.get_world_size() if dist.is_initialized() else 1
 
-    def latest(self) -> tuple[int, Path] | None:
-        found = self.complete()
-        return found[-1] if found else None
-
     def save(self, step: int, chunks: list[nn.Module],
              optimizers: list[torch.optim.Optimizer], train_state: dict[str, Any], *,
              after_shards: Callable[[], None] | None = None) -> Path:

@@ -152,3 +152,14 @@ def test_set_refuses_nan(value, capsys):
     assert code == 2
     assert "--set" in capsys.readouterr().err  # field model.dropout, from --set
     assert not math.isfinite(float(value))
+
+
+def test_a_spec_rebuilt_from_plan_data_is_not_trusted(tmp_path, base_plan, monkeypatch):
+    """The gate holds however a caller turns a plan's model section into a spec."""
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    marker = tmp_path / "pwned"
+    plan = autoplan.Plan.load(_hostile(base_plan, tmp_path, marker))
+    for spec in (ModelSpec(**plan.model), ModelSpec.from_dict(plan.model)):
+        with pytest.raises(ConfigError, match="--trust-model-code"):
+            build_model(spec)
+    assert not marker.exists()

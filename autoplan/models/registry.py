@@ -95,11 +95,12 @@ class ModelSpec:
     source: str                    # "builtin" | "hf" | "import"
     name: str                      # builtin family ("gpt"), hf model_type, or "pkg.mod:fn"
     config: dict[str, Any] = field(default_factory=dict)
-    #: Whether an ``import`` spec's code may run: True when the user named it (:func:`resolve`,
-    #: or a spec built in Python); False when it was read from a file (:meth:`from_dict`:
-    #: plans are data), unless the user opted in (:mod:`autoplan.trust`). Not part of the
-    #: spec's identity: neither compared, hashed nor written.
-    trusted: bool = field(default=True, compare=False, repr=False)
+    #: Whether an ``import`` spec's code may run without the opt-in of :mod:`autoplan.trust`:
+    #: True only when the user named it (:func:`resolve`) or a caller says so
+    #: (``ModelSpec(..., trusted=True)``); a spec read from a file (:meth:`from_dict`) or
+    #: rebuilt from one (``ModelSpec(**plan.model)``) is not. Not part of the spec's identity:
+    #: neither compared, hashed nor written.
+    trusted: bool = field(default=False, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         return {"source": self.source, "name": self.name, "config": dict(self.config)}
@@ -176,7 +177,7 @@ def resolve(name: str, **overrides: Any) -> ModelSpec:
         return hf.resolve(name[3:], **overrides)
     if name.startswith("import:") or (":" in name and "." in name.split(":")[0]):
         target = name.removeprefix("import:")
-        return ModelSpec("import", target, dict(overrides))
+        return ModelSpec("import", target, dict(overrides), trusted=True)
     if name in _PRESETS:
         family, config = _PRESETS[name]
         return ModelSpec("builtin", family, {**config, **overrides})
