@@ -3,9 +3,12 @@
     autoplan run plans/a.json --steps 12 --out runs/a      # runs on the cluster, any plans
     autoplan run plans/b.json --steps 12 --out runs/b
     autoplan calibrate runs/a runs/b                        # -> profiles/calibration/<cluster>.json
+    autoplan calibrate runs/* --force                       # replace an existing one
     autoplan calibrate runs/* --dry-run                     # the table, nothing written
 
-For every run directory (what ``engine.run`` wrote):
+For every run directory (what ``engine.run`` wrote, with its own copy of the plan it ran:
+``plan.json``, checked against the fingerprints ``summary.json`` recorded; a plan elsewhere,
+such as the current directory, is never used):
 
 1. **measured** — the median step time after warm-up (``summary.json``; ``metrics.jsonl``
    gives the per-step spread) and the peak memory of the busiest rank;
@@ -24,6 +27,9 @@ Calibration`). The engine does not time phases separately, so the terms are sepa
 the runs' different mixes (a DP-only run pins compute, TP and PP runs their communication):
 give it runs of different configurations. A factor whose term is negligible in every run
 stays 1.
+
+Factors that make a run's calibrated prediction impossible — MFU above 100%, memory below
+the parameters' own bytes — are refused (:func:`check_physical`), and nothing is written.
 
 Runs used to calibrate must not be the runs an accuracy figure is computed on:
 ``benchmarks/cost_model_accuracy.py`` fits leave-one-out.
