@@ -3,9 +3,12 @@
     autoplan run plans/a.json --steps 12 --out runs/a      # runs on the cluster, any plans
     autoplan run plans/b.json --steps 12 --out runs/b
     autoplan calibrate runs/a runs/b                        # -> profiles/calibration/<cluster>.json
+    autoplan calibrate runs/* --force                       # replace an existing one
     autoplan calibrate runs/* --dry-run                     # the table, nothing written
 
-For every run directory (what ``engine.run`` wrote):
+For every run directory (what ``engine.run`` wrote, with its own copy of the plan it ran:
+``plan.json``, checked against the fingerprints ``summary.json`` recorded; a plan elsewhere,
+such as the current directory, is never used):
 
 1. **measured** — the median step time after warm-up (``summary.json``; ``metrics.jsonl``
    gives the per-step spread) and the peak memory of the busiest rank;
@@ -24,6 +27,9 @@ Calibration`). The engine does not time phases separately, so the terms are sepa
 the runs' different mixes (a DP-only run pins compute, TP and PP runs their communication):
 give it runs of different configurations. A factor whose term is negligible in every run
 stays 1.
+
+Factors that make a run's calibrated prediction impossible — MFU above 100%, memory below
+the parameters' own bytes — are refused (:func:`check_physical`), and nothing is written.
 
 Runs used to calibrate must not be the runs an accuracy figure is computed on:
 ``benchmarks/cost_model_accuracy.py`` fits leave-one-out.
@@ -97,6 +103,8 @@ def _timed_steps(path: Path, warmup: int) -> list[float]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
+            if not any(rest.strip() for rest in lines[i:]):
+                break                   # a torn last line: a crash mid-append
             raise ConfigError(f"line {i} is not valid JSON ({exc.msg})",
                               source=str(path)) from None
         if not isinstance(rec, dict) or "step" not in rec or "step_time_s" not in rec:
@@ -110,16 +118,28 @@ def _timed_steps(path: Path, warmup: int) -> list[float]:
 
 
 def _find_plan(run_dir: Path, summary: dict) -> Path:
-    candidates = [run_dir / "plan.json"]
+    """The run directory's own copy of its plan (the engine writes it): never a path
+    resolved elsewhere (the current directory may hold another plan.json)."""
+    path = run_dir / "plan.json"
+    if path.is_file():
+        return path
     named = summary.get("plan")
-    if isinstance(named, str) and named:
-        candidates += [Path(named), run_dir / named, run_dir / Path(named).name]
-    for c in candidates:
-        if c.is_file():
-            return c
-    raise ConfigError(f"the plan it ran ({named!r}) is not found (looked for "
-                      f"{', '.join(map(str, candidates))}); copy it to {run_dir / 'plan.json'}",
-                      source=str(run_dir / SUMMARY), field="plan")
+    raise ConfigError(f"the plan it ran ({named!r}) is not in the run directory; copy that "
+                      f"plan to {path}"[:400], source=str(run_dir / SUMMARY), field="plan")
+
+
+def _check_identity(run_dir: Path, summary: dict, plan: Plan, plan_path: Path) -> None:
+    """The run directory's plan is the plan the run ran: what summary.json recorded of it
+    (fingerprints, cluster, ranks, device, layout; each where recorded) must match."""
+    from autoplan.fingerprints import run_identity
+
+    got = {**run_identity(plan), "world_size": plan.world_size,
+           "device": plan.mesh.device_type, "label": plan.parallel.label()}
+    for key, value in got.items():
+        if key in summary and summary[key] != value:
+            raise ConfigError(f"{plan_path} is not the plan this run ran: its {key} is "
+                              f"{value!r}, the run recorded {summary[key]!r}"[:400],
+                              source=str(run_dir / SUMMARY), field=key)
 
 
 def load_run(run_dir: str | Path) -> RunRecord:
@@ -145,6 +165,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
     steps = _timed_steps(run_dir / METRICS, warmup)
     plan_path = _find_plan(run_dir, summary)
     plan = Plan.load(plan_path)
+    _check_identity(run_dir, summary, plan, plan_path)
     return RunRecord(run_dir=run_dir, plan=plan, plan_path=plan_path, step_time_s=step,
                      step_times_s=steps, peak_memory_bytes=peak, load=hostload.read(run_dir))
 
@@ -238,14 +259,49 @@ def fit(runs: Sequence[RunRecord], raw: Sequence[Prediction], *, cluster: str) -
 def calibrate(run_dirs: Sequence[str | Path], *, profiles_dir: str | Path | None = None,
               use_load: bool = True) -> tuple[Calibration, list[RunRecord], list[Prediction]]:
     """Load the runs (one cluster), re-estimate them raw, fit. Nothing is written."""
+    from autoplan.fingerprints import cluster_fingerprint
+
     runs = [load_run(d) for d in run_dirs]
     clusters = {r.plan.cluster.get("name") for r in runs}
     if len(clusters) != 1:
         raise ConfigError(f"the runs are on different clusters {sorted(map(str, clusters))}; "
                           "calibrate one cluster at a time")
+    specs = {cluster_fingerprint(r.plan): r for r in runs}
+    if len(specs) != 1:
+        a, b = list(specs.values())[:2]
+        raise ConfigError(f"runs {a.run_dir} and {b.run_dir} name cluster "
+                          f"{a.plan.cluster.get('name')!r} with different specifications "
+                          f"(fingerprints {' and '.join(list(specs)[:2])}); calibrate one "
+                          "cluster at a time")
     est = Reestimator(profiles_dir, use_load=use_load)
     raw = [est.predict(r) for r in runs]
-    return fit(runs, raw, cluster=clusters.pop()), runs, raw
+    cal = fit(runs, raw, cluster=clusters.pop())
+    check_physical(cal, runs, raw)
+    return cal, runs, raw
+
+
+def check_physical(cal: Calibration, runs: Sequence[RunRecord],
+                   raw: Sequence[Prediction]) -> None:
+    """Refuse factors that make a run's calibrated prediction impossible: every factor
+    finite and positive; model FLOP utilisation at most 100% (PaLM appendix B's MFU: no
+    device computes above its peak); per-device memory at least the parameters' own bytes
+    (the breakdown's ``params`` term). ConfigError with the run and the reason."""
+    import math
+
+    for name, value in cal.factors.items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"fitted factor {name} = {value!r} is not a positive number; "
+                              "nothing written")
+    for r, p in zip(runs, raw):
+        c = cal.apply(p)
+        if c.mfu > 1.0:
+            raise ConfigError(f"the fitted factors give run {r.run_dir} an MFU of "
+                              f"{c.mfu:.1%} (> 100%: faster than the device's peak); its plan "
+                              "is probably not the run's; nothing written")
+        if c.memory.total < p.memory.params:
+            raise ConfigError(f"the fitted memory factor x{cal.factor('memory'):.3f} gives run "
+                              f"{r.run_dir} {c.memory.total / 1e6:.1f} MB per device, below its "
+                              f"parameters' own {p.memory.params / 1e6:.1f} MB; nothing written")
 
 
 # ---- command -------------------------------------------------------------------------------
@@ -263,6 +319,8 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
                    "$AUTOPLAN_PROFILES)")
     p.add_argument("--ignore-load", action="store_true",
                    help="predict every run for an idle machine even if it has host_load.json")
+    p.add_argument("--force", action="store_true", help="replace an existing calibration "
+                   "file at the default place (shipped or earlier; --out needs no --force)")
     p.add_argument("--dry-run", action="store_true", help="print the fit, write nothing")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
     p.set_defaults(func=_run_command)
@@ -279,7 +337,14 @@ def _run_command(args: argparse.Namespace) -> int:
     else:
         _print_table(cal, runs, raw)
     if not args.dry_run:
+        if args.out is None:
+            from autoplan.trust import check_file_stem
+
+            check_file_stem(cal.cluster, "cluster name")
         out = args.out or calibration_path(cal.cluster, profiles_root(args.profiles))
+        if args.out is None and out.exists() and not args.force:
+            raise ConfigError(f"{out} exists (a shipped or earlier calibration); pass --force "
+                              "to replace it, or --out FILE", field="--out")
         cal.save(out)
         print(f"written {out}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -36,6 +36,14 @@ EXIT_USER_ERROR = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from autoplan.trust import take_trust_flag, trusting
+
+    argv, trust = take_trust_flag(sys.argv[1:] if argv is None else argv)
+    with trusting(trust):
+        return _main(argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -134,6 +142,9 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoplan", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trust-model-code", action="store_true",
+                        help="let a plan's import: model be imported (anywhere on the line; "
+                             "plans are data otherwise: README, Security model)")
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     p = sub.add_parser("plan", help="search the best plan and write it")
@@ -220,14 +231,20 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"expected KEY=VALUE, got {item!r}", field="--set")
-        out[key] = _parse_value(value)
+        out[key] = _parse_value(value, field=f"model.{key}")
     return out
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str, *, field: str = "--set") -> Any:
+    from autoplan.errors import ConfigError
+
+    def no_constant(name: str) -> Any:
+        raise ConfigError(f"{name} is not a value a plan can hold (JSON has no {name}; "
+                          "from --set)", field=field)
+
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return json.loads(text, parse_constant=no_constant)
+    except (json.JSONDecodeError, RecursionError):
         return text
 
 

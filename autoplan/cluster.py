@@ -120,6 +120,21 @@ def _text(value: Any, where: str, *, empty_ok: bool = False) -> str:
     return value
 
 
+def _name(value: Any, where: str) -> str:
+    """A name (cluster, device, family): a non-empty string without control characters that
+    cannot become a path — names become file names (``profiles/calibration/<cluster>.json``)
+    and words of written scripts."""
+    from autoplan.trust import control_char
+
+    _text(value, where)
+    ch = control_char(value)
+    if ch is not None:
+        raise _fail(f"must not hold the control character {ch!r}, got {value!r}", where)
+    if "/" in value or "\\" in value or value.startswith("."):
+        raise _fail(f"must not hold a path separator or start with '.', got {value!r}", where)
+    return value
+
+
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise _fail(f"must be a mapping, got {type(value).__name__}", where)
@@ -173,8 +188,8 @@ class DeviceSpec:
     sources: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        _text(self.name, "name")
-        _text(self.family, "family")
+        _name(self.name, "name")
+        _name(self.family, "family")
         _text(self.description, "description", empty_ok=True)
         peaks = _mapping(self.peak_tflops, "peak_tflops")
         if not peaks:
@@ -326,7 +341,7 @@ class Cluster:
     source: str = "<dict>"
 
     def __post_init__(self) -> None:
-        _text(self.name, "name")
+        _name(self.name, "name")
         _positive_int(self.nodes, "nodes")
         _positive_int(self.devices_per_node, "devices_per_node")
         if self.nodes * self.devices_per_node > MAX_WORLD_SIZE:
@@ -408,7 +423,7 @@ class Cluster:
             d = _mapping(d, "")
             _check_keys(d, cls, required=False)
             # the plain fields that are present first, then what is missing
-            for key, check in (("name", _text), ("nodes", _positive_int),
+            for key, check in (("name", _name), ("nodes", _positive_int),
                                ("devices_per_node", _positive_int)):
                 if key in d:
                     check(d[key], key)

@@ -76,6 +76,7 @@ from autoplan.plan_migrate import PLAN_VERSION, READABLE_VERSIONS, migrate
 from autoplan.plan_parts import (MESH_AXES, SCHEDULES, MemoryBreakdown,  # noqa: F401
                                  MeshSpec, ParallelConfig, Prediction, Stage, StageTime,
                                  TimeBreakdown, stage_from_dict, stage_ranks)
+from autoplan.trust import check_plan_names
 
 PLAN_FORMAT = "autoplan.plan"
 LAYOUTS = ("uniform", "stages")
@@ -281,6 +282,7 @@ class Plan:
         for key in d:
             if not isinstance(key, str):
                 raise PlanError(f"field '{key}': keys must be strings")
+        check_plan_names(d)                    # autoplan.trust: no control chars in names
         if d.get("format") != PLAN_FORMAT:
             raise PlanError(f"field 'format': expected {PLAN_FORMAT!r}, got "
                             f"{pf.show.repr(d.get('format'))}")

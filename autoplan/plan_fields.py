@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import PlanError
+from autoplan.trust import default_file_mode
 
 #: The most devices a plan may span (as :data:`autoplan.cluster.MAX_WORLD_SIZE`).
 MAX_DEVICES = 2 ** 24
@@ -188,6 +189,7 @@ def atomic_write(path: str | os.PathLike, content: str | bytes, mode: str) -> Pa
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, default_file_mode())         # mkstemp's 0600 -> what the umask gives
     try:
         with os.fdopen(fd, mode) as f:
             f.write(content)

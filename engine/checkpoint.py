@@ -14,12 +14,22 @@ Saving (every rank):
    unsplit model, optimizer state flattened per parameter so pipeline chunks merge), every
    rank writing its own shards;
 3. each rank writes its train state (step, CPU and device RNG states: dropout masks);
-4. barrier; rank 0 ``os.replace``-s the temp dir to ``step_N`` (atomic on POSIX) and prunes
-   old checkpoints; barrier.
+4. barrier; rank 0 writes ``manifest.json`` (size and SHA-256 of every file, plan and model
+   fingerprints, step, world size: :mod:`engine.manifest`) last and atomically,
+   ``os.replace``-s the temp dir to ``step_N`` (atomic on POSIX) and prunes old
+   checkpoints; barrier.
 
 A crash at any point leaves either the previous complete checkpoints or the new one, never
 a half-written ``step_N``. The data position is the step itself (:mod:`engine.data`).
 Multi-node runs need ``out_dir`` on a filesystem every node sees.
+
+Resuming (:meth:`Checkpointer.resume_point`, collective): rank 0 verifies the checkpoints
+newest first against their manifests and this run, skips damaged ones (saying which and
+why) and every rank loads the one it picked; a checkpoint of another model, plan or world
+size is refused with both fingerprints named. Train state is read with
+``torch.load(weights_only=True)`` (tensors and numbers only). The DCP ``.metadata`` file is
+unpickled by torch: checkpoint directories are trusted input (README, Security model) —
+the manifest catches damage, not a forged checkpoint.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from autoplan.errors import PlanError
+from engine.manifest import (CheckpointError, CheckpointMismatch, choose, plan_fingerprint,
+                             write_manifest)
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -60,22 +72,60 @@ def _state(chunks: list[nn.Module], optimizers: list[torch.optim.Optimizer]
 
 
 class Checkpointer:
-    def __init__(self, root: Path, *, keep: int, rank: int):
+    def __init__(self, root: Path, *, keep: int, rank: int, plan=None):
+        """``plan``: the run's plan, whose fingerprints and world size go into every
+        manifest and are checked on resume."""
         self.root, self.keep, self.rank = Path(root), keep, rank
+        self.world_size = plan.world_size if plan is not None else None
+        self.model_fp = plan.model_fingerprint if plan is not None else ""
+        self.plan_fp = plan_fingerprint(plan) if plan is not None else ""
 
     def complete(self) -> list[tuple[int, Path]]:
+        """Every ``step_N`` directory (renamed into place: complete when written; verified
+        only by :meth:`resume_point`)."""
         if not self.root.is_dir():
             return []
         found = []
         for entry in self.root.iterdir():
             m = _STEP_DIR.match(entry.name)
-            if m and entry.is_dir() and (entry / ".metadata").is_file():
+            if m and entry.is_dir():
                 found.append((int(m.group(1)), entry))
         return sorted(found)
 
-    def latest(self) -> tuple[int, Path] | None:
-        found = self.complete()
-        return found[-1] if found else None
+    def resume_point(self, log: Callable[[str], None]) -> tuple[int, Path] | None:
+        """The newest checkpoint that verifies (collective: rank 0 decides, every rank gets
+        its answer); None when there is none. Notes on skipped checkpoints go to ``log``;
+        a mismatch, or checkpoints none of which verifies, raises CheckpointError."""
+        answer: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                found, notes = choose(self.complete(), world_size=self._world(),
+                                      plan_fp=self.plan_fp, model_fp=self.model_fp)
+                if found is None and notes:
+                    answer[0] = ("error", f"no checkpoint in {self.root} verifies: "
+                                 + "; ".join(notes) + "; move them away or run without "
+                                 "--resume")
+                else:
+                    answer[0] = ("ok", None if found is None else (found[0], str(found[1])),
+                                 notes)
+            except CheckpointMismatch as exc:
+                answer[0] = ("mismatch", str(exc))
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(answer, src=0)
+        kind, *rest = answer[0]
+        if kind == "mismatch":
+            raise CheckpointMismatch(rest[0])
+        if kind == "error":
+            raise CheckpointError(rest[0])
+        found, notes = rest
+        for note in notes:
+            log(f"--resume: {note}")
+        return None if found is None else (found[0], Path(found[1]))
+
+    def _world(self) -> int:
+        if self.world_size is not None:
+            return self.world_size
+        return dist.get_world_size() if dist.is_initialized() else 1
 
     def save(self, step: int, chunks: list[nn.Module],
              optimizers: list[torch.optim.Optimizer], train_state: dict[str, Any], *,
@@ -95,6 +145,8 @@ class Checkpointer:
         torch.save(train_state, tmp / "train_state" / f"rank{self.rank:05d}.pt")
         dist.barrier()
         if self.rank == 0:
+            write_manifest(tmp, step=step, world_size=self._world(), plan_fp=self.plan_fp,
+                           model_fp=self.model_fp)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -119,7 +171,7 @@ class Checkpointer:
         if not rank_file.is_file():
             raise PlanError(f"checkpoint {path} has no train state for rank {self.rank} "
                             "(saved by a run with another world size?)")
-        return torch.load(rank_file, weights_only=False)
+        return torch.load(rank_file, weights_only=True)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -138,6 +138,48 @@ class MetricsWriter:
                 f.write(json.dumps(asdict(record), sort_keys=True) + "\n")
 
 
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The records of a ``metrics.jsonl`` and a note on what was dropped (None: nothing).
+
+    A crash mid-append leaves a torn last line (no newline, or not JSON): it is dropped
+    with a note, since the step it recorded is re-run on resume. A bad line anywhere else
+    is damage, not a crash: a ConfigError naming the file and line."""
+    from autoplan.errors import ConfigError
+
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    records, note = [], None
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+                raise ValueError("no integer 'step'")
+        except ValueError as exc:
+            last = all(not rest.strip() for rest in lines[i:])
+            if last:
+                note = f"{path}: dropped a torn last line {i} (a crash mid-write)"
+                break
+            raise ConfigError(f"line {i} is not a step record ({exc})"[:200],
+                              source=str(path)) from None
+        records.append(rec)
+    return records, note
+
+
+def truncate_metrics(path: Path, *, keep_until: int) -> str | None:
+    """Keep the records of steps <= ``keep_until`` (none on a fresh start), rewritten
+    atomically; returns :func:`read_metrics`'s note."""
+    from autoplan.plan import atomic_write_text
+
+    if not path.exists():
+        return None
+    records, note = read_metrics(path)
+    kept = [r for r in records if r["step"] <= keep_until]
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+    return note
+
+
 def summarize(records: list[StepRecord], *, warmup_steps: int, world_size: int,
               peak: float | None, memory_per_rank: list[dict[str, Any]],
               prediction: dict[str, Any] | None, plan_label: str, plan_source: str,

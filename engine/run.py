@@ -30,12 +30,18 @@ Options are the fields of :class:`engine.config.RunConfig` (``--steps``, ``--lr`
 tests only. With ``torchrun --max-restarts=R ... --resume`` a run whose rank dies is relaunched
 and goes on from the newest complete checkpoint (a fresh start when there is none).
 
-Before any collective every rank checks the plan against the launch — world size, device
-type, model fingerprint, what the engine supports (:mod:`engine.validate`) — and exits with
-status 2 and one ``error:`` line if they disagree. A collective that fails (a dead rank, or
-one stuck past ``--timeout-s``) ends the run with status 3. Outputs in ``--out``:
-``metrics.jsonl`` (per step), ``summary.json`` and a printed table (measured vs predicted),
-``checkpoints/``.
+Before any collective every rank checks the options (:mod:`engine.preflight`) and the plan
+against the launch — world size, device type, model fingerprint, what the engine supports
+(:mod:`engine.validate`) — and exits with status 2 and one ``error:`` line if they disagree.
+Global rank 0 then locks ``--out`` for the run (:mod:`engine.rundir`) and copies the plan
+into it as ``plan.json``. A rank that fails
+later records its error first (:mod:`engine.rank_errors`): the first failing rank prints
+``error: rank R: ...`` once, and the collective failures it causes elsewhere stay quiet. A
+collective that fails (a dead rank, or one stuck past ``--timeout-s``) ends the run with
+status 3. A plan whose model is ``import:`` code needs ``--trust-model-code`` (or
+``AUTOPLAN_TRUST_MODEL_CODE=1``, which ``autoplan run --trust-model-code`` passes on): plans
+are data. Outputs in ``--out``: ``metrics.jsonl`` (per step), ``summary.json`` and a printed
+table (measured vs predicted), ``checkpoints/``.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ from engine.config import RunConfig
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.run",
                                      description="Run an autoplan plan under torchrun.")
-    parser.add_argument("plan", help="plan JSON file")
+    parser.add_argument("plan", help="plan JSON file (--trust-model-code, anywhere: let its "
+                                     "import: model be imported; plans are data)")
     for f in fields(RunConfig):
         flag = "--" + f.name.replace("_", "-")
         names = [flag, "--out"] if f.name == "out_dir" else [flag]
@@ -100,17 +107,59 @@ def make_trainer(plan: Plan, spec, cfg: RunConfig, device, *, source: str):
     return Trainer(plan, spec, cfg, build_mesh(plan, device, cfg.timeout_s), source=source)
 
 
-def execute(plan: Plan, source: str, cfg: RunConfig) -> dict[str, Any] | None:
-    """Check, build the mesh, train; the process group is created if needed (and kept, so
-    one launch may run several plans of the same world size in turn)."""
+class _Phase:
+    """Whether the ranks have started together (errors after it are per rank)."""
+    started = False
+
+
+def execute(plan: Plan, source: str, cfg: RunConfig, phase: _Phase | None = None
+            ) -> dict[str, Any] | None:
+    """Check, build the mesh, lock ``--out``, train; the process group is created if needed
+    (and kept, so one launch may run several plans of the same world size in turn)."""
+    import torch.distributed as dist
+
     from engine.mesh import init_distributed
+    from engine.preflight import check_plan_common, check_run_options
     from engine.validate import check_all
 
+    check_run_options(cfg)
     spec = check_all(plan, source, world_size=int(os.environ["WORLD_SIZE"]),
                      local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE",
                                                          os.environ["WORLD_SIZE"])))
+    check_plan_common(plan, spec, source)
     device = init_distributed(plan.mesh.device_type, cfg.timeout_s)
-    return make_trainer(plan, spec, cfg, device, source=source).run()
+    if phase is not None:
+        phase.started = True
+    lock = _lock_out_dir(cfg, plan, dist)
+    try:
+        return make_trainer(plan, spec, cfg, device, source=source).run()
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _lock_out_dir(cfg: RunConfig, plan: Plan, dist):
+    """Global rank 0 checks and locks ``--out``; every rank gets its verdict (one
+    broadcast), so a refused run fails on every rank with the same message."""
+    from engine.preflight import SPARE_BYTES, check_out_dir, checkpoint_bytes
+    from engine.rundir import hold
+
+    lock, verdict = None, [None]
+    if dist.get_rank() == 0:
+        try:
+            need = SPARE_BYTES + (checkpoint_bytes(plan.num_params)
+                                  if cfg.checkpoint_every else 0)
+            out = check_out_dir(cfg.out_dir, need_bytes=need)
+            lock = hold(out)
+            # the run directory holds its own copy of the plan it ran (autoplan.calibrate)
+            plan.save(out / "plan.json")
+        except AutoplanError as exc:
+            verdict[0] = str(exc)
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise AutoplanError(verdict[0])
+    return lock
 
 
 def _is_collective_failure(exc: BaseException) -> bool:
@@ -125,10 +174,32 @@ def _is_collective_failure(exc: BaseException) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from autoplan.trust import take_trust_flag, trusting
+
+    argv, trust = take_trust_flag(sys.argv[1:] if argv is None else argv)
     args = vars(build_parser().parse_args(argv))
+    with trusting(trust):
+        return _main(args)
+
+
+def _report(cfg: RunConfig | None, phase: _Phase, message: str, *, collective: bool) -> None:
+    """Print ``message`` once for the run (module docstring; engine.rank_errors)."""
+    from engine.rank_errors import errors_dir, record
+
+    rank = os.environ.get("RANK", "0")
+    if not phase.started or cfg is None:      # the same on every rank: local rank 0 says it
+        if _local_rank0():
+            print(f"error: {message}", file=sys.stderr, flush=True)
+        return
+    if record(errors_dir(cfg.out_dir), int(rank), message, collective=collective):
+        print(f"error: rank {rank}: {message}", file=sys.stderr, flush=True)
+
+
+def _main(args: dict[str, Any]) -> int:
     source = args.pop("plan")
     import torch.distributed as dist
 
+    cfg, phase = None, _Phase()
     try:
         cfg = RunConfig.from_dict(args)
         plan = Plan.load(source)
@@ -140,19 +211,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise AutoplanError(f"plan {source} needs {plan.world_size} ranks (mesh "
                                 f"{mesh_label(plan)}); launch with torchrun --standalone "
                                 f"--nproc_per_node={plan.world_size} -m engine.run {source}")
-        execute(plan, source, cfg)
+        execute(plan, source, cfg, phase)
         return 0
     except AutoplanError as exc:
-        if _local_rank0():
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+        _report(cfg, phase, str(exc), collective=False)
         return 2
     except Exception as exc:       # noqa: BLE001 - only collective failures are reworded
         if not _is_collective_failure(exc):
+            if phase.started and cfg is not None:     # recorded as this rank's own failure
+                from engine.rank_errors import errors_dir, record
+
+                record(errors_dir(cfg.out_dir), int(os.environ.get("RANK", "0")),
+                       f"{type(exc).__name__}: {exc}"[:1000], collective=False)
             raise
-        rank = os.environ.get("RANK", "?")
-        print(f"error: rank {rank}: a collective failed ({type(exc).__name__}: "
-              f"{str(exc).splitlines()[0][:300]}); another rank died or stalled past the "
-              "timeout (--timeout-s)", file=sys.stderr, flush=True)
+        _report(cfg, phase, f"a collective failed ({type(exc).__name__}: "
+                f"{(str(exc).splitlines() or [''])[0][:300]}); another rank died or stalled "
+                "past the timeout (--timeout-s)", collective=True)
         return 3
     finally:
         if dist.is_available() and dist.is_initialized():

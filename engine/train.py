@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autoplan.fingerprints import run_identity
 from autoplan.models.gpt import GPT
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan, atomic_write_text
@@ -39,7 +40,7 @@ from engine.data import local_batch, make_source
 from engine.data_parallel import set_microbatch
 from engine.mesh import ParallelMesh
 from engine.metrics import (MemoryProbe, MetricsWriter, StepRecord, flops_per_token,
-                            format_table, peak_flops, summarize)
+                            format_table, peak_flops, summarize, truncate_metrics)
 from engine.model import model_info
 from engine.parallelize import parallelize_stage, resolve_precision
 from engine.pipeline import build_schedule, has_first_stage, has_last_stage
@@ -78,7 +79,7 @@ class Trainer:
         dtype_name = str(self.precision.compute).removeprefix("torch.")
         self.peak = peak_flops(plan.cluster, dtype_name)
         self.checkpointer = Checkpointer(self.out_dir / "checkpoints",
-                                         keep=cfg.checkpoint_keep, rank=pm.rank)
+                                         keep=cfg.checkpoint_keep, rank=pm.rank, plan=plan)
         torch.manual_seed(_seed(cfg.seed, "dropout", pm.pp_rank, pm.dp_rank))
 
     def _build(self) -> None:
@@ -154,7 +155,7 @@ class Trainer:
         """Load the newest checkpoint if ``--resume``; returns the step it ended (0: fresh)."""
         if not self.cfg.resume:
             return 0
-        found = self.checkpointer.latest()
+        found = self.checkpointer.resume_point(self.log)       # verified (engine.manifest)
         if found is None:
             self.log(f"--resume: no checkpoint in {self.checkpointer.root}; starting fresh")
             return 0
@@ -180,7 +181,9 @@ class Trainer:
         start = self.resume()
         writer = MetricsWriter(self.out_dir / "metrics.jsonl", enabled=pm.rank == 0)
         if pm.rank == 0:
-            _truncate_metrics(writer.path, keep_until=start)
+            note = truncate_metrics(writer.path, keep_until=start)
+            if note:
+                self.log(note)
         probe = MemoryProbe(pm.device, enabled=cfg.memory != "off")
         # CPU memory is tracked on one step: the last warm-up step, and at least the second
         # (the first creates the optimizer states, so it is not the steady state).
@@ -235,6 +238,7 @@ class Trainer:
                             plan_label=self.plan.parallel.label(), plan_source=self.source,
                             device=pm.device.type)
         summary["run_config"] = cfg.to_dict()
+        summary.update(run_identity(self.plan))      # checked by autoplan.calibrate
         atomic_write_text(self.out_dir / "summary.json",
                           json.dumps(summary, indent=2, sort_keys=True) + "\n")
         print(format_table(summary), flush=True)
@@ -244,12 +248,3 @@ class Trainer:
 def _sigkill() -> None:
     """Die at once, as a crashed or OOM-killed process would (no cleanup, no exit code)."""
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _truncate_metrics(path: Path, *, keep_until: int) -> None:
-    """Drop records after ``keep_until`` (all of them on a fresh start)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= keep_until]
-    atomic_write_text(path, "".join(line + "\n" for line in kept))

@@ -121,8 +121,12 @@ def resolve(name_or_path: str, **overrides: Any) -> ModelSpec:
         file = path / "config.json" if path.is_dir() else path
         try:
             base = json.loads(file.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read a config: {exc}", source=str(file)) from exc
+        except (OSError, ValueError) as exc:      # unreadable, not UTF-8, not JSON
+            raise ConfigError(f"cannot read a config: {' '.join(str(exc).split())}"[:300],
+                              source=str(file)) from None
+        if not isinstance(base, dict):
+            raise ConfigError(f"must be a JSON object, got {type(base).__name__}",
+                              source=str(file))
         if "model_type" not in base:
             raise ConfigError("missing", source=str(file), field="model_type")
         model_type, source = base["model_type"], str(file)

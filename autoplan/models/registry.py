@@ -95,6 +95,12 @@ class ModelSpec:
     source: str                    # "builtin" | "hf" | "import"
     name: str                      # builtin family ("gpt"), hf model_type, or "pkg.mod:fn"
     config: dict[str, Any] = field(default_factory=dict)
+    #: Whether an ``import`` spec's code may run without the opt-in of :mod:`autoplan.trust`:
+    #: True only when the user named it (:func:`resolve`) or a caller says so
+    #: (``ModelSpec(..., trusted=True)``); a spec read from a file (:meth:`from_dict`) or
+    #: rebuilt from one (``ModelSpec(**plan.model)``) is not. Not part of the spec's identity:
+    #: neither compared, hashed nor written.
+    trusted: bool = field(default=False, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         return {"source": self.source, "name": self.name, "config": dict(self.config)}
@@ -126,7 +132,7 @@ class ModelSpec:
             raise ConfigError(f"must be an object with string keys, got "
                               f"{type(config).__name__}", source=source_file,
                               field="model.config")
-        return cls(source=d["source"], name=d["name"], config=dict(config))
+        return cls(source=d["source"], name=d["name"], config=dict(config), trusted=False)
 
     def fingerprint(self) -> str:
         """sha256 of the architecture description (source, name, config), 16 hex digits."""
@@ -171,7 +177,7 @@ def resolve(name: str, **overrides: Any) -> ModelSpec:
         return hf.resolve(name[3:], **overrides)
     if name.startswith("import:") or (":" in name and "." in name.split(":")[0]):
         target = name.removeprefix("import:")
-        return ModelSpec("import", target, dict(overrides))
+        return ModelSpec("import", target, dict(overrides), trusted=True)
     if name in _PRESETS:
         family, config = _PRESETS[name]
         return ModelSpec("builtin", family, {**config, **overrides})
@@ -242,12 +248,21 @@ def _family(name: str) -> BuiltinFamily:
 
 
 def _build_import(spec: ModelSpec) -> nn.Module:
+    """Import ``package.module`` and call ``factory(**config)`` — only for a spec the user
+    named, or with the opt-in of :mod:`autoplan.trust` (the gate every re-build passes).
+    Whatever the import or the factory raises (``sys.exit`` included) is a one-line
+    ConfigError naming the import path."""
     import importlib
 
+    from autoplan.trust import trust_enabled, untrusted_code_message
+
+    if not spec.trusted and not trust_enabled():
+        raise ConfigError(untrusted_code_message(spec.name), field="model.name")
     mod_name, _, attr = spec.name.partition(":")
-    if not attr:
-        raise ConfigError(f"import path {spec.name!r} must look like 'package.module:factory'",
-                          field="model.name")
+    if not attr or not all(p.isidentifier() for p in mod_name.split(".")) \
+            or not all(p.isidentifier() for p in attr.split(".")):
+        raise ConfigError(f"import path {spec.name!r} must look like 'package.module:factory'"
+                          [:300], field="model.name")
     # as ``python -m`` and ``torchrun`` do, a module in the current directory resolves too
     # (the ``autoplan`` console script does not put it on sys.path by itself)
     import os
@@ -257,16 +272,45 @@ def _build_import(spec: ModelSpec) -> nn.Module:
         sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {mod_name!r}: {exc}", field="model.name") from exc
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise ConfigError(f"module {mod_name!r} has no attribute {attr!r}", field="model.name")
-    model = factory(**spec.config)
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"cannot import {mod_name!r}: {exc}"[:400], field="model.name") \
+            from None
+    except BaseException as exc:  # noqa: BLE001 -- the module's own error, or sys.exit
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        _guarded(f"importing {mod_name!r}", _reraise, exc)
+    factory = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+    if factory is None or not callable(factory):
+        raise ConfigError(f"module {mod_name!r} has no attribute {attr!r} to call",
+                          field="model.name")
+    model = _guarded(f"calling {spec.name}", factory, **spec.config)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{spec.name} returned {type(model).__name__}, not an nn.Module",
                           field="model.name")
     return model
+
+
+def _reraise(exc: BaseException) -> None:
+    raise exc
+
+
+def _guarded(what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``; an exception or ``sys.exit`` in user code becomes a
+    one-line ConfigError saying what raised."""
+    try:
+        return fn(*args, **kwargs)
+    except SystemExit as exc:
+        raise ConfigError(f"{what} called sys.exit({exc.code!r}); a model module must not "
+                          "exit", field="model.name") from None
+    except ImportError as exc:
+        raise ConfigError(f"{what} failed: {' '.join(str(exc).split())}"[:400],
+                          field="model.name") from None
+    except Exception as exc:  # noqa: BLE001 -- any error of the user's module, one line
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"{what} raised {type(exc).__name__}"
+                          + (f": {detail}" if detail else "")[:400], field="model.name") from None
 
 
 # ---- built-in families ----------------------------------------------------------------------

@@ -10,13 +10,31 @@ hostnames``), with the job id as rendezvous id::
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Sequence
 
+from autoplan.errors import ConfigError
 from autoplan.models.names import describe
 from autoplan.multinode.torchrun import DEFAULT_PORT, cluster_shape, engine_args, repo_root
 from autoplan.plan import Plan
+
+
+#: ``#SBATCH`` values are read by sbatch, not a shell: quoting does not protect them, so
+#: they are limited to the characters their values need (SLURM's documented forms).
+_JOB_NAME = re.compile(r"^[A-Za-z0-9_.+@=-]{1,128}$")
+_TIME = re.compile(r"^[0-9]+([-:][0-9]+){0,3}$")             # days-hours:minutes:seconds forms
+_PARTITION = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.+@=-]")
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def _sbatch_value(value: str, option: str, pattern: re.Pattern) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ConfigError(f"{value!r} is not a valid value here (an #SBATCH line: "
+                          f"{pattern.pattern})", field=option)
+    return value
 
 
 def sbatch_script(plan: Plan, plan_path: str | os.PathLike, *, port: int = DEFAULT_PORT,
@@ -26,11 +44,20 @@ def sbatch_script(plan: Plan, plan_path: str | os.PathLike, *, port: int = DEFAU
                   extra: Sequence[str] = ()) -> str:
     """The script's text."""
     nodes, per_node = cluster_shape(plan)
-    name = job_name or f"autoplan-{describe(plan.model).split(' ')[0]}"
+    if not 0 < port < 65536:
+        raise ConfigError(f"must be a TCP port (1-65535), got {port}", field="--port")
+    if job_name is None:
+        name = _UNSAFE.sub("-", f"autoplan-{describe(plan.model).split(' ')[0]}")[:128]
+    else:
+        name = _sbatch_value(job_name, "--job-name", _JOB_NAME)
+    if time:
+        _sbatch_value(time, "--time", _TIME)
+    if partition:
+        _sbatch_value(partition, "--partition", _PARTITION)
     cwd = str(Path(workdir).resolve() if workdir else repo_root())
+    about = _UNPRINTABLE.sub("?", f"{describe(plan.model)}, {plan.parallel.label()}")
     lines = ["#!/bin/bash",
-             f"# SLURM batch script written by `autoplan launch --slurm`: {describe(plan.model)},"
-             f" {plan.parallel.label()}",
+             f"# SLURM batch script written by `autoplan launch --slurm`: {about}",
              f"#SBATCH --job-name={name}",
              f"#SBATCH --nodes={nodes}",
              "#SBATCH --ntasks-per-node=1"]

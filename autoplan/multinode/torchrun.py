@@ -27,6 +27,7 @@ from typing import Sequence
 
 from autoplan.errors import AutoplanError, ConfigError
 from autoplan.plan import Plan
+from autoplan.trust import check_host
 
 DEFAULT_PORT = 29500
 HEAD_PLACEHOLDER = "${MASTER_ADDR:?set MASTER_ADDR to the head node address}"
@@ -43,16 +44,30 @@ class NodeCommand:
     host: str | None                   # from the nodes file, if any
     argv: tuple[str, ...]              # torchrun and its arguments
     cwd: str                           # where to run it
+    #: indices of ``argv`` words holding :data:`HEAD_PLACEHOLDER` (no head node given):
+    #: the one place the shell line expands a variable
+    expands: frozenset[int] = frozenset()
 
     @property
     def shell(self) -> str:
-        """One line to paste into a shell on the node."""
-        return f"cd {shlex.quote(self.cwd)} && " + " ".join(shell_word(a) for a in self.argv)
+        """One line to paste into a shell on the node: every word ``shlex.quote``-d, the
+        placeholder (only where this module put it) a fixed double-quoted word."""
+        return f"cd {shlex.quote(self.cwd)} && " + " ".join(
+            shell_word(a, placeholder=i in self.expands) for i, a in enumerate(self.argv))
 
 
-def shell_word(arg: str) -> str:
-    """``arg`` quoted for a POSIX shell; double quotes when it expands a variable."""
-    return f'"{arg}"' if "${" in arg else shlex.quote(arg)
+def shell_word(arg: str, *, placeholder: bool = False) -> str:
+    """``arg`` quoted for a POSIX shell (``shlex.quote``: nothing in it expands). With
+    ``placeholder``, the :data:`HEAD_PLACEHOLDER` inside it is left to expand, as the fixed
+    word ``"${MASTER_ADDR:?...}"``, and the rest is quoted around it."""
+    if not placeholder:
+        return shlex.quote(arg)
+    before, found, after = arg.partition(HEAD_PLACEHOLDER)
+    assert found, "placeholder expected"
+    if not any(c in before + after for c in '"$`\\!\n'):   # a word of constants: one quote
+        return f'"{arg}"'
+    return "".join(p for p in (shlex.quote(before) if before else "", f'"{HEAD_PLACEHOLDER}"',
+                               shlex.quote(after) if after else ""))
 
 
 def repo_root() -> Path:
@@ -85,6 +100,11 @@ def read_hosts(path: str | os.PathLike, nodes: int) -> tuple[list[str], list[str
     bad = [h for h in hosts if any(c.isspace() for c in h)]
     if bad:
         raise LaunchError(f"{path}: one host per line, got {bad[0]!r}")
+    for h in hosts:
+        try:
+            check_host(h, "host")
+        except ConfigError:
+            raise LaunchError(f"{path}: not a host name or address: {h!r}") from None
     if len(hosts) < nodes:
         raise LaunchError(f"{path}: {len(hosts)} host(s) for a plan of {nodes} nodes")
     notes = []
@@ -117,6 +137,10 @@ def node_commands(plan: Plan, plan_path: str | os.PathLike, *,
     nodes, per_node = cluster_shape(plan)
     if hosts is not None and len(hosts) != nodes:
         raise LaunchError(f"{len(hosts)} host(s) for a plan of {nodes} nodes")
+    for h in hosts or ():
+        check_host(h, "host")
+    if master_addr is not None:
+        check_host(master_addr, "--master-addr")
     head = hosts[0] if hosts else (master_addr or HEAD_PLACEHOLDER)
     rid = rdzv_id or f"autoplan-{plan.model_fingerprint[:8]}"
     tail = engine_args(str(Path(plan_path).resolve()), steps, out_dir, extra)
@@ -129,5 +153,8 @@ def node_commands(plan: Plan, plan_path: str | os.PathLike, *,
                      f"--rdzv-id={rid}"]
         else:
             argv += [f"--node_rank={i}", f"--master_addr={head}", f"--master_port={port}"]
-        out.append(NodeCommand(i, hosts[i] if hosts else None, tuple(argv + tail), cwd))
+        words = tuple(argv + tail)
+        expands = frozenset(j for j in range(len(argv)) if head == HEAD_PLACEHOLDER
+                            and HEAD_PLACEHOLDER in argv[j])
+        out.append(NodeCommand(i, hosts[i] if hosts else None, words, cwd, expands))
     return out

@@ -67,8 +67,16 @@ class Library:
 
 
 def closest_divisor(n: int, target: int) -> int:
-    """The divisor of ``n`` closest to ``target`` (the larger on a tie)."""
-    divs = [d for d in range(1, n + 1) if n % d == 0]
+    """The divisor of ``n`` closest to ``target`` (the larger on a tie).
+
+    Divisors come in pairs ``(d, n // d)`` with ``d <= sqrt(n)``, so trying ``d`` up to
+    ``isqrt(n)`` finds them all: O(sqrt n) steps (46,341 at n = 2**31) instead of n."""
+    if n < 1:
+        raise ValueError(f"closest_divisor needs n >= 1, got {n}")
+    divs = set()
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            divs.update((d, n // d))
     return min(divs, key=lambda d: (abs(d - target), -d))
 
 

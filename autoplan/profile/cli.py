@@ -55,6 +55,8 @@ def add_profile_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
     ops.add_argument("--limit", type=int, help="time at most this many new signatures")
     ops.add_argument("--redo", action="store_true",
                      help="time every signature again, replacing the file's entries")
+    ops.add_argument("--force", action="store_true",
+                     help="with --redo and no --out: replace entries of the default profile")
     ops.add_argument("--json", action="store_true", help="print the report as JSON")
     ops.set_defaults(func=cmd_profile_ops)
 
@@ -71,6 +73,8 @@ def add_profile_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
     links.add_argument("--repeats", type=int, help="repetitions per point (default 9)")
     links.add_argument("--statistic", choices=("median", "min"),
                        help="of the repetitions (default median; min on a shared machine)")
+    links.add_argument("--force", action="store_true",
+                       help="replace the default profile when it exists (no --out)")
     links.set_defaults(func=cmd_profile_links)
     return p
 
@@ -118,6 +122,8 @@ def cmd_profile_ops(args: argparse.Namespace) -> int:
         raise ConfigError("CUDA is not available on this machine", field="--device")
     spec = resolve(args.model)
     out = args.out or _profiles_root() / "ops" / f"{device_slug(args.device)}.json"
+    if args.redo and args.out is None:
+        refuse_overwrite(out, force=args.force)
     graphs = [trace(spec, b, args.seq_len, dtype=dtype) for b in args.batch_size]
     report = profile_ops(itertools.chain.from_iterable(graphs), out, tp_degrees=args.tp,
                          device=args.device,
@@ -156,9 +162,21 @@ def links_command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
+def refuse_overwrite(path: Path, *, force: bool) -> None:
+    """A profile at its default place (shipped with autoplan, or measured before) is replaced
+    only when the user says so: ``--force``, or ``--out`` naming a file."""
+    if path.exists() and not force:
+        raise ConfigError(f"{path} exists (a shipped or earlier profile); pass --force to "
+                          "replace it, or --out FILE to write elsewhere", field="--out")
+
+
 def cmd_profile_links(args: argparse.Namespace) -> int:
     if args.nproc < 2:
         raise ConfigError(f"need at least 2 processes, got {args.nproc}", field="--nproc")
+    if args.out is None:
+        device = args.device or ("cuda" if _cuda_available() else "cpu")
+        refuse_overwrite(_profiles_root() / "links" / f"local-{device}.json",
+                         force=getattr(args, "force", False))
     cmd = links_command(args)
     print("running: " + " ".join(cmd), file=sys.stderr)
     return subprocess.call(cmd)

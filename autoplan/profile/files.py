@@ -159,6 +159,11 @@ class Checker:
         if d.get("version") != PROFILE_VERSION:
             raise self.fail("version", f"this autoplan reads version {PROFILE_VERSION}, "
                                        f"the file has {d.get('version')!r}")
+        from autoplan.trust import find_control_chars
+
+        found = find_control_chars(d)                  # names: no control characters
+        if found is not None:
+            raise self.fail(found[0], f"holds the control character {found[1]!r}")
         return d
 
     def sources(self, d: dict) -> dict[str, dict]:

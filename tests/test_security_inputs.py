@@ -1,0 +1,85 @@
+"""Issue 14, findings 6 and 8 (and 1 for ``autoplan run``): bounded work for user-given
+numbers, control characters refused in profiles, a plan's ``import:`` model refused by the
+engine launcher unless trusted."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from autoplan.errors import ConfigError
+from autoplan.models.registry import ModelSpec
+from autoplan.planner.library import closest_divisor
+from autoplan.trust import TRUST_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _brute(n: int, target: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - target), -d))
+
+
+@pytest.mark.parametrize("n", [1, 2, 12, 36, 97, 360, 1024, 5040])
+def test_closest_divisor_matches_brute_force(n):
+    for target in (0, 1, 2, 5, 7, 64, n // 2, n, n + 9):
+        assert closest_divisor(n, target) == _brute(n, target), (n, target)
+
+
+@pytest.mark.parametrize("n", [2 ** 31, 2 ** 31 - 1, 2 ** 31 - 2])
+def test_closest_divisor_at_2_to_the_31_is_quick(n):
+    t0 = time.process_time()
+    d = closest_divisor(n, 48)
+    assert n % d == 0
+    assert time.process_time() - t0 < 1.0            # was a walk over 2**31 integers
+    if n == 2 ** 31:
+        assert d == 64 and closest_divisor(n, 40) == 32
+    if n == 2 ** 31 - 1:                              # a prime
+        assert d == 1
+
+
+def test_closest_divisor_refuses_zero():
+    with pytest.raises(ValueError):
+        closest_divisor(0, 4)
+
+
+def test_control_characters_in_profile_names_are_refused(tmp_path):
+    from autoplan.profile.files import ProfileError
+    from autoplan.profile.store import LinkProfile
+
+    doc = json.loads((REPO / "profiles" / "links" / "local-cpu.json").read_text())
+    doc["cluster"] = "local\ncpu"
+    path = tmp_path / "links.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match="field 'cluster'.*control character"):
+        LinkProfile.load(path)
+
+
+def test_run_refuses_a_plans_import_model_without_trust(tmp_path, capsys, monkeypatch):
+    import autoplan
+    from engine.launch import run_local
+
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    marker = tmp_path / "pwned"
+    plan = autoplan.estimate("mlp-tiny", "local-cpu", global_batch=8)
+    spec = ModelSpec("import", "os:system", {"command": f"touch {marker}"})
+    doc = dict(json.loads(plan.to_json()), model=spec.to_dict(),
+               model_fingerprint=spec.fingerprint())
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(doc))
+    assert run_local(path, steps=1, out_dir=tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "os:system" in err and "Traceback" not in err
+    assert not marker.exists()
+
+
+def test_nan_is_never_written_by_set(tmp_path):
+    from autoplan.cli import _parse_value
+
+    with pytest.raises(ConfigError, match="NaN"):
+        _parse_value("NaN")
+    assert _parse_value("[1, 2]") == [1, 2] and _parse_value("abc") == "abc"
+    assert math.isfinite(_parse_value("1e308"))
