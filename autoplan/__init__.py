@@ -19,7 +19,7 @@ _LAZY = {
     "optimize": ("autoplan.api", "optimize"),
     "estimate": ("autoplan.api", "estimate"),
     "prepare": ("autoplan.api", "prepare"),
-    "trace": ("autoplan.trace", "trace"),
+    "trace": ("autoplan.trace", None),   # the package, callable as autoplan.trace.trace
     "trace_module": ("autoplan.trace", "trace_module"),
     "load_cluster": ("autoplan.cluster", "load_cluster"),
     "Cluster": ("autoplan.cluster", "Cluster"),
@@ -38,5 +38,6 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
     raise AttributeError(f"module 'autoplan' has no attribute {name!r}")

@@ -302,7 +302,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "trace": t_trace, "search": search_s, "total": seconds}})
         return 0
     console = _console()
-    print_plan(plan, console, title="best plan", top_k=args.top_k)
+    print_plan(plan, console, title="plan", top_k=args.top_k)
     console.print(f"traced {len(problem.graph)} ops in {t_trace:.1f} s, {how}; plan written to "
                   f"[bold]{path}[/bold]")
     return 0
@@ -310,7 +310,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from autoplan.api import estimate, plan_fits
-    from autoplan.display import plan_dict, prediction_dict, print_plan, why_best
+    from autoplan.display import plan_dict, planner_line, prediction_dict, print_plan, why_best
 
     problem = _prepare(args)
     mine = estimate(None, None, global_batch=args.global_batch, problem=problem, tp=args.tp,
@@ -322,13 +322,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         best, _ = _progress_search(problem, top_k=0, quiet=args.json)
     if args.output:
         mine.save(args.output)
-    if args.json:
-        out = {"yours": plan_dict(mine), "fits": plan_fits(mine)}
+    if args.json:   # the plan output (autoplan/schema/output.schema.json) + what autoplan does
+        out = {**plan_dict(mine), "autoplan": None}
         if best is not None:
             out["autoplan"] = {"parallel": best.parallel.label(),
+                               "config": plan_dict(best)["config"],
                                "prediction": prediction_dict(best.prediction),
                                "speedup": mine.prediction.step_time_s
                                / best.prediction.step_time_s}
+        if args.output:
+            out["plan_file"] = args.output
         _emit_json(out)
         return 0
     console = _console()
@@ -337,7 +340,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         console.print("[bold red]does not fit in device memory[/bold red]")
     if best is not None:
         speedup = mine.prediction.step_time_s / best.prediction.step_time_s
-        console.print(f"autoplan would use [bold cyan]{best.parallel.label()}[/bold cyan]: "
+        console.print(f"autoplan would use [bold cyan]{best.parallel.label()}[/bold cyan] "
+                      f"({planner_line(best).removeprefix('planner: ')}): "
                       f"{best.prediction.step_time_s:.4g} s per step, "
                       f"{100 * best.prediction.mfu:.1f}% MFU — {speedup:.2f}x "
                       f"{'faster' if speedup >= 1 else 'slower'} than yours"
@@ -360,7 +364,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     import torch
-    from rich.table import Table
 
     from autoplan.trace import trace
 
@@ -370,22 +373,27 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(summary)
         return 0
+    from autoplan.display import count, fit_table
+
     console = _console()
-    console.print(f"[bold]{spec.name}[/bold] {summary['params'] / 1e9:.3f}B params, "
+    console.print(f"[bold]{args.model}[/bold] ({spec.name}) {count(summary['params'])} params, "
                   f"{summary['ops']} aten ops, {summary['layers']} layers "
                   f"({', '.join(f'{n} x {k}' for k, n in summary['layer_kinds'].items())}), "
                   f"traced in {summary['trace_seconds']:.2f} s")
-    t = Table(title=f"layers (micro-batch {args.batch_size}, seq {graph.batch.seq_len})",
-              title_justify="left")
-    for col in ("layer", "kind", "ops", "params", "fwd GFLOP", "saved MB", "TP all-reduce MB"):
-        t.add_column(col, justify="right" if col not in ("layer", "kind") else "left")
+    cols = ["layer", "kind", *((c, "right") for c in (
+        "ops", "params", "fwd GFLOP", "saved MB", "TP all-reduce MB"))]
     shown = graph.layers if len(graph.layers) <= 12 else graph.layers[:6] + graph.layers[-3:]
+    rows = []
     for layer in shown:
         st = layer.stats
-        t.add_row(layer.name, layer.kind, str(len(layer.nodes)), f"{st.params:,}",
-                  f"{st.fwd_flops / 1e9:.2f}", f"{st.saved_bytes / 1e6:.1f}",
-                  f"{(st.tp_allreduce_fwd_bytes + st.tp_allreduce_bwd_bytes) / 1e6:.1f}")
-    console.print(t)
+        rows.append([layer.name, layer.kind, str(len(layer.nodes)), f"{st.params:,}",
+                     f"{st.fwd_flops / 1e9:.2f}", f"{st.saved_bytes / 1e6:.1f}",
+                     f"{(st.tp_allreduce_fwd_bytes + st.tp_allreduce_bwd_bytes) / 1e6:.1f}"])
+    if len(graph.layers) > len(shown):
+        rows.insert(6, ["...", f"{len(graph.layers) - len(shown)} more", *[""] * 5])
+    console.print(fit_table(console, cols, rows, drop=("kind", "TP all-reduce MB"),
+                            title=f"layers (micro-batch {args.batch_size}, "
+                                  f"seq {graph.batch.seq_len})"))
     return 0
 
 
@@ -412,17 +420,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(rows)
         return 0
-    from rich.table import Table
+    from autoplan.display import fit_table
 
-    t = Table(title="built-in models (also: hf:<type or config.json>, import:<pkg.mod:fn>)",
-              title_justify="left")
-    t.add_column("name")
-    t.add_column("family")
-    t.add_column("config")
-    for r in rows:
-        cfg = r["config"]
-        t.add_row(r["name"], r["family"], ", ".join(f"{k}={v}" for k, v in cfg.items()))
-    _console().print(t)
+    console = _console()
+    console.print(fit_table(
+        console, ["name", "family", "config"],
+        [[r["name"], r["family"], ", ".join(f"{k}={v}" for k, v in r["config"].items())]
+         for r in rows],
+        title="built-in models (also: hf:<type or config.json>, import:<pkg.mod:fn>)"))
     return 0
 
 
@@ -438,16 +443,15 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json({"clusters": rows, "devices": list_devices()})
         return 0
-    from rich.table import Table
+    from autoplan.display import fit_table
 
-    t = Table(title="cluster presets (--nodes overrides the node count)", title_justify="left")
-    for col in ("name", "nodes", "devices/node", "device", "intra-node GB/s", "inter-node GB/s"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["name"], str(r["nodes"]), str(r["devices_per_node"]), r["device"],
-                  f"{r['intra_node_gbps']:g}", f"{r['inter_node_gbps']:g}")
     console = _console()
-    console.print(t)
+    console.print(fit_table(
+        console, ["name", *((c, "right") for c in ("nodes", "devices per node")), "device",
+                  *((c, "right") for c in ("intra-node GB/s", "inter-node GB/s"))],
+        [[r["name"], str(r["nodes"]), str(r["devices_per_node"]), r["device"],
+          f"{r['intra_node_gbps']:g}", f"{r['inter_node_gbps']:g}"] for r in rows],
+        title="cluster presets (--nodes overrides the node count)"))
     console.print("devices: " + ", ".join(list_devices()))
     return 0
 
