@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a plan on this machine under torchrun (the engine)")
     p.add_argument("plan")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--out", help="run directory (metrics, checkpoints)")
+    p.add_argument("--out", help="run directory (metrics, checkpoints, host load; default "
+                   "runs/<plan file name>)")
     p.add_argument("engine_args", nargs=argparse.REMAINDER,
                    help="further arguments for `python -m engine.run` (after --)")
     p.set_defaults(func=cmd_run)
@@ -398,10 +399,20 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from autoplan import hostload
     from engine.launch import run_local
 
     extra = [a for a in args.engine_args if a != "--"]
-    return run_local(args.plan, steps=args.steps, out_dir=args.out, extra_args=extra)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.plan).stem
+    status, load = hostload.measured_run(out, lambda: run_local(
+        args.plan, steps=args.steps, out_dir=out, extra_args=extra))
+    if status == 0:
+        ranks = None
+        if (out / "summary.json").is_file():
+            ranks = json.loads((out / "summary.json").read_text()).get("world_size")
+        print(hostload.describe(load, ranks), flush=True)
+        print(f"run directory: {out} (metrics.jsonl, summary.json, {hostload.FILE})", flush=True)
+    return status
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
