@@ -372,7 +372,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
     graph = trace(spec, args.batch_size, args.seq_len, dtype=getattr(torch, args.dtype))
     summary = graph.summary()
     if args.json:
-        _emit_json(summary)
+        _emit_json({**summary, "per_layer": [
+            {"name": layer.name, "kind": layer.kind, "ops": len(layer.nodes),
+             "params": layer.stats.params, "fwd_flops": layer.stats.fwd_flops,
+             "saved_bytes": layer.stats.saved_bytes,
+             "tp_allreduce_bytes": layer.stats.tp_allreduce_fwd_bytes
+             + layer.stats.tp_allreduce_bwd_bytes} for layer in graph.layers]})
         return 0
     from autoplan.display import count, fit_table
 
