@@ -4,6 +4,12 @@
     plan = autoplan.optimize("gpt-7.5b", "dgx-a100", nodes=16, global_batch=512)
     plan.save("plan.json")            # then: torchrun --nproc_per_node=8 ... -m engine.run plan.json
 
+    graph = autoplan.trace(autoplan.resolve_model("gpt-1.7b"), batch_size=1)
+
+``autoplan.trace`` is the tracing subpackage whichever way it was reached (``import
+autoplan.trace`` binds the attribute to the package); calling it calls
+:func:`autoplan.trace.trace`.
+
 The data flow (../DESIGN.md): trace (autoplan.trace) -> OpGraph -> cost model (autoplan.cost,
 with the cluster from autoplan.cluster) -> planner (autoplan.planner) -> Plan (autoplan.plan)
 -> engine (the ``engine`` package, under torchrun).
