@@ -139,6 +139,7 @@ def test_small_settings_name_readme_commands():
 
 @pytest.mark.slow
 def test_readme_in_order_in_a_scratch_directory(tmp_path, monkeypatch):
+    cpu0 = _cpu_seconds()
     scratch = tmp_path / "newcomer"
     (scratch / "tests").mkdir(parents=True)
     # the README's "your module": a user's own file in their directory
@@ -187,9 +188,23 @@ def test_readme_in_order_in_a_scratch_directory(tmp_path, monkeypatch):
         assert (scratch / name).is_file(), name
     load = json.loads((scratch / "runs/demo/host_load.json").read_text())
     assert load["cores"] >= 1 and load["wall_s"] > 0
+    jsonschema = pytest.importorskip("jsonschema")
+    from autoplan.schema import schema_for
+
+    jsonschema.Draft202012Validator(schema_for("host_load")).validate(load)
 
     # the test suite does not depend on the working directory's contents
     status, out = _shell(f"{shlex.quote(sys.executable)} -m pytest -q -x -p no:cacheprovider "
                          f"-m 'not slow and not multiproc' "
                          + " ".join(str(ROOT / f) for f in CWD_SENSITIVE), scratch, env)
     assert status == 0, f"tests run from the README's directory failed:\n{out[-4000:]}"
+    print(f"README: {len(ran)} commands and snippets run, {len(skipped)} not run here "
+          f"({'; '.join(sorted({why for _, why in skipped}))}); "
+          f"{_cpu_seconds() - cpu0:.0f} s of CPU (this process and its children)")
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (
+        resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)))
