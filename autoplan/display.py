@@ -149,6 +149,12 @@ def planner_line(plan: Plan) -> str:
     return f"planner: {name}"
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds, three significant digits, never in exponent form: 1040, 6.84, 0."""
+    ms = 1e3 * seconds
+    return f"{ms:,.0f}" if abs(ms) >= 100 else f"{ms:.3g}"
+
+
 def span(first: str, last: str, n: int) -> str:
     return first if n == 1 else f"{first} .. {last} ({n})"
 
@@ -174,7 +180,7 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
     searched = plan.planner.get("name") == "auto"
     cols: list[Any] = ["stage", "layers", "ranks", "mesh", ("recomputed", "right")]
     if searched:
-        cols += ["ZeRO", "data axes", ("compute / comm ms", "right")]
+        cols += ["ZeRO", "data axes", ("compute / comm", "right")]
     rows = []
     for s in plan.stages[:16]:
         mesh = " x ".join(f"{a}={n}" for a, n in zip(s.axis_names, s.mesh_shape))
@@ -184,8 +190,7 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
             pr = s.predicted
             row += [str(plan.parallel.zero if s.zero is None else s.zero),
                     ",".join(s.data_axes) or "-",
-                    f"{1e3 * pr.get('compute_s', 0):.3g} / "
-                    f"{1e3 * pr.get('layer_comm_s', 0):.3g}"]
+                    f"{_ms(pr.get('compute_s', 0))} / {_ms(pr.get('layer_comm_s', 0))}"]
         rows.append(row)
     if len(plan.stages) > 16:
         rows.append(["...", f"{len(plan.stages) - 16} more", *[""] * (len(cols) - 2)])
