@@ -170,3 +170,23 @@ def test_readme_table_matches_the_schema():
     assert not undocumented, f"top-level fields the README's table leaves out: {undocumented}"
     pred = set(defs["prediction"]["properties"])
     assert pred <= {f.split(".")[1] for f in fields if f.startswith("prediction.")}
+
+
+def test_profile_ops_and_calibrate(tmp_path):
+    import autoplan
+
+    doc = run_json("profile", "ops", "gpt-tiny", "--limit", "2", "--repeats", "1",
+                   "--warmup", "0", "--out", str(tmp_path / "ops.json"))
+    check("profile_ops", doc)
+    # a finished run directory as the engine writes it: plan, per-step metrics, summary
+    run = tmp_path / "run"
+    run.mkdir()
+    plan = autoplan.estimate("gpt-tiny", "local-cpu", global_batch=8)
+    plan.save(run / "plan.json")
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "step_time_s": 0.02 + 0.001 * i, "loss": 1.0}) + "\n"
+        for i in range(1, 7)))
+    (run / "summary.json").write_text(json.dumps({
+        "plan": "plan.json", "label": plan.parallel.label(), "warmup_steps": 1,
+        "measured": {"step_time_s": 0.024, "peak_memory_bytes": 5e6}, "predicted": None}))
+    check("calibrate", run_json("calibrate", str(run), "--dry-run"))
