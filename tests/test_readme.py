@@ -174,6 +174,8 @@ def test_readme_in_order_in_a_scratch_directory(tmp_path, monkeypatch):
         if small.startswith("autoplan ") and "|" not in small:
             status, out = _autoplan_in_process(small, scratch)
             assert "…" not in out, f"{small}: cut at 80 columns:\n{out}"
+            if small.startswith("autoplan plan ") and status == 0:
+                assert "planner: " in out and "best plan" not in out, out
         else:
             status, out = _shell(small.replace("python ", f"{sys.executable} ", 1)
                                  if small.startswith("python ") else small, scratch, env)
