@@ -311,7 +311,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from autoplan.api import estimate, plan_fits
-    from autoplan.display import plan_dict, planner_line, prediction_dict, print_plan, why_best
+    from autoplan.display import plan_dict, prediction_dict, print_plan, why_best
 
     problem = _prepare(args)
     mine = estimate(None, None, global_batch=args.global_batch, problem=problem, tp=args.tp,
@@ -342,7 +342,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if best is not None:
         speedup = mine.prediction.step_time_s / best.prediction.step_time_s
         console.print(f"autoplan would use [bold cyan]{best.parallel.label()}[/bold cyan] "
-                      f"({planner_line(best).removeprefix('planner: ')}): "
+                      f"(the uniform grid's best of {best.planner.get('evaluated')} "
+                      f"configurations, {best.planner.get('feasible')} fit): "
                       f"{best.prediction.step_time_s:.4g} s per step, "
                       f"{100 * best.prediction.mfu:.1f}% MFU — {speedup:.2f}x "
                       f"{'faster' if speedup >= 1 else 'slower'} than yours"
