@@ -4,6 +4,12 @@
     plan = autoplan.optimize("gpt-7.5b", "dgx-a100", nodes=16, global_batch=512)
     plan.save("plan.json")            # then: torchrun --nproc_per_node=8 ... -m engine.run plan.json
 
+    graph = autoplan.trace(autoplan.resolve_model("gpt-1.7b"), batch_size=1)
+
+``autoplan.trace`` is the tracing subpackage whichever way it was reached (``import
+autoplan.trace`` binds the attribute to the package); calling it calls
+:func:`autoplan.trace.trace`.
+
 The data flow (../DESIGN.md): trace (autoplan.trace) -> OpGraph -> cost model (autoplan.cost,
 with the cluster from autoplan.cluster) -> planner (autoplan.planner) -> Plan (autoplan.plan)
 -> engine (the ``engine`` package, under torchrun).
@@ -19,7 +25,7 @@ _LAZY = {
     "optimize": ("autoplan.api", "optimize"),
     "estimate": ("autoplan.api", "estimate"),
     "prepare": ("autoplan.api", "prepare"),
-    "trace": ("autoplan.trace", "trace"),
+    "trace": ("autoplan.trace", None),   # the package, callable as autoplan.trace.trace
     "trace_module": ("autoplan.trace", "trace_module"),
     "load_cluster": ("autoplan.cluster", "load_cluster"),
     "Cluster": ("autoplan.cluster", "Cluster"),
@@ -38,5 +44,6 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
     raise AttributeError(f"module 'autoplan' has no attribute {name!r}")

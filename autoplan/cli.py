@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a plan on this machine under torchrun (the engine)")
     p.add_argument("plan")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--out", help="run directory (metrics, checkpoints)")
+    p.add_argument("--out", help="run directory (metrics, checkpoints, host load; default "
+                   "runs/<plan file name>)")
     p.add_argument("engine_args", nargs=argparse.REMAINDER,
                    help="further arguments for `python -m engine.run` (after --)")
     p.set_defaults(func=cmd_run)
@@ -339,7 +340,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "trace": t_trace, "search": search_s, "total": seconds}})
         return 0
     console = _console()
-    print_plan(plan, console, title="best plan", top_k=args.top_k)
+    print_plan(plan, console, title="plan", top_k=args.top_k)
     console.print(f"traced {len(problem.graph)} ops in {t_trace:.1f} s, {how}; plan written to "
                   f"[bold]{path}[/bold]")
     return 0
@@ -359,13 +360,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         best, _ = _progress_search(problem, top_k=0, quiet=args.json)
     if args.output:
         mine.save(args.output)
-    if args.json:
-        out = {"yours": plan_dict(mine), "fits": plan_fits(mine)}
+    if args.json:   # the plan output (autoplan/schema/output.schema.json) + what autoplan does
+        out = {**plan_dict(mine), "autoplan": None}
         if best is not None:
             out["autoplan"] = {"parallel": best.parallel.label(),
+                               "config": plan_dict(best)["config"],
                                "prediction": prediction_dict(best.prediction),
                                "speedup": mine.prediction.step_time_s
                                / best.prediction.step_time_s}
+        if args.output:
+            out["plan_file"] = args.output
         _emit_json(out)
         return 0
     console = _console()
@@ -374,7 +378,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         console.print("[bold red]does not fit in device memory[/bold red]")
     if best is not None:
         speedup = mine.prediction.step_time_s / best.prediction.step_time_s
-        console.print(f"autoplan would use [bold cyan]{best.parallel.label()}[/bold cyan]: "
+        console.print(f"autoplan would use [bold cyan]{best.parallel.label()}[/bold cyan] "
+                      f"(the uniform grid's best of {best.planner.get('evaluated')} "
+                      f"configurations, {best.planner.get('feasible')} fit): "
                       f"{best.prediction.step_time_s:.4g} s per step, "
                       f"{100 * best.prediction.mfu:.1f}% MFU — {speedup:.2f}x "
                       f"{'faster' if speedup >= 1 else 'slower'} than yours"
@@ -397,7 +403,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     import torch
-    from rich.table import Table
 
     from autoplan.trace import trace
 
@@ -405,32 +410,52 @@ def cmd_trace(args: argparse.Namespace) -> int:
     graph = trace(spec, args.batch_size, args.seq_len, dtype=getattr(torch, args.dtype))
     summary = graph.summary()
     if args.json:
-        _emit_json(summary)
+        _emit_json({**summary, "per_layer": [
+            {"name": layer.name, "kind": layer.kind, "ops": len(layer.nodes),
+             "params": layer.stats.params, "fwd_flops": layer.stats.fwd_flops,
+             "saved_bytes": layer.stats.saved_bytes,
+             "tp_allreduce_bytes": layer.stats.tp_allreduce_fwd_bytes
+             + layer.stats.tp_allreduce_bwd_bytes} for layer in graph.layers]})
         return 0
+    from autoplan.display import count, fit_table
+
     console = _console()
-    console.print(f"[bold]{spec.name}[/bold] {summary['params'] / 1e9:.3f}B params, "
+    console.print(f"[bold]{args.model}[/bold] ({spec.name}) {count(summary['params'])} params, "
                   f"{summary['ops']} aten ops, {summary['layers']} layers "
                   f"({', '.join(f'{n} x {k}' for k, n in summary['layer_kinds'].items())}), "
                   f"traced in {summary['trace_seconds']:.2f} s")
-    t = Table(title=f"layers (micro-batch {args.batch_size}, seq {graph.batch.seq_len})",
-              title_justify="left")
-    for col in ("layer", "kind", "ops", "params", "fwd GFLOP", "saved MB", "TP all-reduce MB"):
-        t.add_column(col, justify="right" if col not in ("layer", "kind") else "left")
+    cols = ["layer", "kind", *((c, "right") for c in (
+        "ops", "params", "fwd GFLOP", "saved MB", "TP all-reduce MB"))]
     shown = graph.layers if len(graph.layers) <= 12 else graph.layers[:6] + graph.layers[-3:]
+    rows = []
     for layer in shown:
         st = layer.stats
-        t.add_row(layer.name, layer.kind, str(len(layer.nodes)), f"{st.params:,}",
-                  f"{st.fwd_flops / 1e9:.2f}", f"{st.saved_bytes / 1e6:.1f}",
-                  f"{(st.tp_allreduce_fwd_bytes + st.tp_allreduce_bwd_bytes) / 1e6:.1f}")
-    console.print(t)
+        rows.append([layer.name, layer.kind, str(len(layer.nodes)), f"{st.params:,}",
+                     f"{st.fwd_flops / 1e9:.2f}", f"{st.saved_bytes / 1e6:.1f}",
+                     f"{(st.tp_allreduce_fwd_bytes + st.tp_allreduce_bwd_bytes) / 1e6:.1f}"])
+    if len(graph.layers) > len(shown):
+        rows.insert(6, ["...", f"{len(graph.layers) - len(shown)} more", *[""] * 5])
+    console.print(fit_table(console, cols, rows, drop=("kind", "TP all-reduce MB"),
+                            title=f"layers (micro-batch {args.batch_size}, "
+                                  f"seq {graph.batch.seq_len})"))
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from autoplan import hostload
     from engine.launch import run_local
 
     extra = [a for a in args.engine_args if a != "--"]
-    return run_local(args.plan, steps=args.steps, out_dir=args.out, extra_args=extra)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.plan).stem
+    status, load = hostload.measured_run(out, lambda: run_local(
+        args.plan, steps=args.steps, out_dir=out, extra_args=extra))
+    if status == 0:
+        ranks = None
+        if (out / "summary.json").is_file():
+            ranks = json.loads((out / "summary.json").read_text()).get("world_size")
+        print(hostload.describe(load, ranks), flush=True)
+        print(f"run directory: {out} (metrics.jsonl, summary.json, {hostload.FILE})", flush=True)
+    return status
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -449,17 +474,14 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(rows)
         return 0
-    from rich.table import Table
+    from autoplan.display import fit_table
 
-    t = Table(title="built-in models (also: hf:<type or config.json>, import:<pkg.mod:fn>)",
-              title_justify="left")
-    t.add_column("name")
-    t.add_column("family")
-    t.add_column("config")
-    for r in rows:
-        cfg = r["config"]
-        t.add_row(r["name"], r["family"], ", ".join(f"{k}={v}" for k, v in cfg.items()))
-    _console().print(t)
+    console = _console()
+    console.print(fit_table(
+        console, ["name", "family", "config"],
+        [[r["name"], r["family"], ", ".join(f"{k}={v}" for k, v in r["config"].items())]
+         for r in rows],
+        title="built-in models (also: hf:<type or config.json>, import:<pkg.mod:fn>)"))
     return 0
 
 
@@ -475,16 +497,15 @@ def cmd_clusters(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json({"clusters": rows, "devices": list_devices()})
         return 0
-    from rich.table import Table
+    from autoplan.display import fit_table
 
-    t = Table(title="cluster presets (--nodes overrides the node count)", title_justify="left")
-    for col in ("name", "nodes", "devices/node", "device", "intra-node GB/s", "inter-node GB/s"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["name"], str(r["nodes"]), str(r["devices_per_node"]), r["device"],
-                  f"{r['intra_node_gbps']:g}", f"{r['inter_node_gbps']:g}")
     console = _console()
-    console.print(t)
+    console.print(fit_table(
+        console, ["name", *((c, "right") for c in ("nodes", "devices per node")), "device",
+                  *((c, "right") for c in ("intra-node GB/s", "inter-node GB/s"))],
+        [[r["name"], str(r["nodes"]), str(r["devices_per_node"]), r["device"],
+          f"{r['intra_node_gbps']:g}", f"{r['inter_node_gbps']:g}"] for r in rows],
+        title="cluster presets (--nodes overrides the node count)"))
     console.print("devices: " + ", ".join(list_devices()))
     return 0
 

@@ -4,7 +4,10 @@
 2. plan it for ``nproc`` CPU ranks of this machine (cluster preset ``local-cpu``, gloo);
 3. write and print the plan;
 4. run it for ``steps`` steps under torchrun through the engine;
-5. print measured against predicted step time and memory (from the run's summary.json).
+5. print measured against predicted step time and memory (from the run's summary.json),
+   with how busy the machine was meanwhile (:mod:`autoplan.hostload`, also written to the
+   run directory as ``host_load.json``): on a shared machine other processes take cores the
+   prediction assumes the run has.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ def run_demo(*, nproc: int = 2, steps: int = 30, out_dir: str = "runs/demo",
              as_json: bool = False) -> int:
     from rich.console import Console
 
+    from autoplan import hostload
     from autoplan.api import plan_problem, prepare
-    from autoplan.display import print_plan
+    from autoplan.display import fit_table, nbytes, print_plan
     from engine.launch import run_local
 
     if nproc < 1:
@@ -53,23 +57,28 @@ def run_demo(*, nproc: int = 2, steps: int = 30, out_dir: str = "runs/demo",
     console.print(f"running {steps} steps: torchrun --standalone --nproc_per_node={nproc} "
                   f"-m engine.run {plan_path} --steps {steps} --out {out}")
     sys.stdout.flush()
-    status = run_local(plan_path, nproc=nproc, steps=steps, out_dir=out)
+    status, load = hostload.measured_run(
+        out, lambda: run_local(plan_path, nproc=nproc, steps=steps, out_dir=out))
     if status != 0:
         console.print(f"[bold red]the engine run failed with status {status}[/bold red]")
         return status
     summary = json.loads((out / "summary.json").read_text())
     if as_json:
         print(json.dumps({"plan": str(plan_path), "parallel": plan.parallel.label(),
-                          "summary": summary}, indent=2, default=str))
+                          "summary": summary, "host_load": load.to_dict()},
+                         indent=2, default=str))
         return 0
     meas, pred = summary["measured"], summary.get("predicted") or {}
     ratios = summary.get("measured_over_predicted", {})
-    console.print(
-        f"[bold]predicted vs measured[/bold] ({plan.parallel.label()}): step time "
-        f"{pred.get('step_time_s', float('nan')):.4f} s predicted, "
-        f"{meas['step_time_s']:.4f} s measured ({ratios.get('step_time_s', float('nan')):.2f}x); "
-        f"peak memory per rank {(pred.get('peak_memory_bytes') or 0) / 1e6:.1f} MB predicted, "
-        f"{(meas.get('peak_memory_bytes') or 0) / 1e6:.1f} MB measured "
-        f"({ratios.get('peak_memory_bytes', float('nan')):.2f}x); final loss "
-        f"{meas['final_loss']:.3f}")
+    nan = float("nan")
+    rows = [["step time (median)", f"{pred.get('step_time_s', nan):.4f} s",
+             f"{meas['step_time_s']:.4f} s", f"{ratios.get('step_time_s', nan):.2f}x"],
+            ["peak memory per rank", nbytes(pred.get("peak_memory_bytes") or 0),
+             nbytes(meas.get("peak_memory_bytes") or 0),
+             f"{ratios.get('peak_memory_bytes', nan):.2f}x"]]
+    console.print(fit_table(console, ["", ("predicted", "right"), ("measured", "right"),
+                                      ("measured / predicted", "right")], rows,
+                            title=f"predicted vs measured ({plan.parallel.label()}, final loss "
+                                  f"{meas['final_loss']:.3f})"))
+    console.print(hostload.describe(load, nproc), highlight=False)
     return 0

@@ -11,8 +11,10 @@ the other side of that split over a run:
 
 so the cores the run could have had are ``C - external``. Our own processes must be children
 (or grandchildren, waited for) of this one: ``engine.launch.run_local`` starts torchrun, which
-starts and waits for the ranks. The record goes into the run directory as
-``host_load.json`` (:func:`write`), where ``autoplan calibrate`` reads it.
+starts and waits for the ranks. ``autoplan run`` and ``autoplan demo`` measure their engine
+run with :func:`measured_run`, which writes the record into the run directory as
+``host_load.json`` (:func:`write`), where ``autoplan calibrate`` reads it, and
+:func:`describe` says it in one line next to predicted against measured.
 """
 
 from __future__ import annotations
@@ -107,6 +109,28 @@ class HostLoadMeter:
                                cores=os.cpu_count() or 1,
                                load_avg_before=tuple(round(x, 2) for x in self._load),
                                load_avg_after=tuple(round(x, 2) for x in os.getloadavg()))
+
+
+def describe(load: HostLoad, ranks: int | None = None) -> str:
+    """One line: how busy the machine was with other work while the run went on."""
+    lo, hi = load.load_avg_before[0], load.load_avg_after[0]
+    share = (f"; its {ranks} ranks had about {load.available_cores:.1f} of {load.cores} cores"
+             if ranks else f"; about {load.available_cores:.1f} of {load.cores} cores were left")
+    busy = ("idle apart from this run" if load.external_cores < 0.25 else
+            f"busy: other processes kept {load.external_cores:.1f} of {load.cores} cores busy")
+    return (f"host load during the run: {busy} (1-minute load average {lo:.1f} before, "
+            f"{hi:.1f} after){share}. Predictions assume an idle machine.")
+
+
+def measured_run(run_dir: str | os.PathLike, run) -> tuple[Any, HostLoad]:
+    """``run()`` (which starts the ranks as child processes and waits for them) under a
+    :class:`HostLoadMeter`; the record is written to ``run_dir/host_load.json`` when
+    ``run_dir`` exists afterwards. Returns ``(run()'s result, the record)``."""
+    with HostLoadMeter() as meter:
+        result = run()
+    if Path(run_dir).is_dir():
+        write(run_dir, meter.result)
+    return result, meter.result
 
 
 def write(run_dir: str | os.PathLike, load: HostLoad) -> Path:

@@ -50,6 +50,16 @@ from autoplan.errors import PlanError
 from engine.tensor_parallel import TPLayout
 
 
+
+def _no_cache(mask_builder) -> dict:
+    """``{cache_argument: None}`` for a transformers mask builder: ``cache`` since
+    transformers 5.x (``past_key_values`` is deprecated there and warns once per call site
+    and rank), ``past_key_values`` before."""
+    import inspect
+
+    params = inspect.signature(mask_builder).parameters
+    return {"cache" if "cache" in params else "past_key_values": None}
+
 @dataclass(frozen=True, kw_only=True)
 class HFAdapter(ABC):
     """Names and stage forward of one architecture family (subclasses implement the four
@@ -147,7 +157,8 @@ class GPT2Adapter(HFAdapter):
 
         pos = _positions(hidden, seq_len)
         mask = create_causal_mask(config=stage.config, inputs_embeds=_shape_like(hidden, seq_len),
-                                  attention_mask=None, past_key_values=None, position_ids=pos)
+                                  attention_mask=None, position_ids=pos,
+                                  **_no_cache(create_causal_mask))
         return {"attention_mask": mask}
 
     def block(self, block, index, hidden, ctx):
@@ -200,7 +211,7 @@ class RotaryDecoderAdapter(HFAdapter):
                 raise PlanError(f"{config.model_type}: attention layer type {kind!r} is not "
                                 f"one the engine's adapter builds masks for ({sorted(builders)})")
             masks[kind] = builders[kind](config=config, inputs_embeds=like, attention_mask=None,
-                                         past_key_values=None, position_ids=pos)
+                                         position_ids=pos, **_no_cache(builders[kind]))
         rotary = stage.get_submodule("model.rotary_emb")(like, pos)
         return {"masks": [masks[k] for k in kinds], "position_ids": pos,
                 "position_embeddings": rotary}

@@ -40,10 +40,51 @@ def test_plan_show_roundtrip(tmp_path, capsys):
 
 
 def test_estimate_compares_with_autoplan(capsys):
+    """The documented plan fields (`parallel`, `config`, `prediction.*`, `stages`) for the
+    configuration given; autoplan's own plan under `autoplan`."""
     doc = _json(capsys, ["estimate", *SMALL, "--cluster", "dgx-a100", "--global-batch", "64",
                          "--tp", "8", "--micro-batch", "1", "--json"])
-    assert doc["yours"]["config"]["tp"] == 8
+    assert doc["config"]["tp"] == 8 and doc["parallel"].split()[1] == "tp8"
+    assert doc["prediction"]["step_time_s"] > 0 and doc["stages"]
     assert doc["autoplan"]["speedup"] >= 1.0 - 1e-9
+    assert doc["autoplan"]["prediction"]["step_time_s"] <= doc["prediction"]["step_time_s"]
+
+
+def _piped(*argv: str, timeout: int = 600) -> str:
+    """``autoplan ARGV | cat`` at COLUMNS=80: what a pipe or a log gets."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "80"}
+    proc = subprocess.run([sys.executable, "-m", "autoplan.cli", *argv], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_tables_are_readable_at_80_columns_in_a_pipe(tmp_path):
+    """No name or number cut (the issue: `dgx-a100-40…`, `525,336,…`, `recompu…`)."""
+    clusters = _piped("clusters")
+    traced = _piped("trace", "llama3-8b", "--layers", "2")
+    models = _piped("models")
+    plan = tmp_path / "p.json"
+    assert main(["plan", "gpt-tiny", "--cluster", "local-cpu", "--global-batch", "8", "-o",
+                 str(plan), "--json"]) == 0
+    shown = _piped("show", str(plan))
+    for out in (clusters, traced, models, shown):
+        assert "…" not in out
+        assert max(len(line) for line in out.splitlines()) <= 80
+    assert "dgx-a100-40gb" in clusters
+    assert "525,336,576" in traced                   # llama3-8b's embedding, whole
+    assert "kv_heads=None" not in models and "kv_heads=32" in models
+    assert "recomputed" in shown and "planner: the search" in shown.replace("\n", " ")
+
+
+def test_plan_says_which_planner_produced_it(capsys, tmp_path):
+    assert main(["plan", "gpt-tiny", "--cluster", "local-cpu", "--global-batch", "8",
+                 "--planner", "uniform", "-o", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "best plan" not in out
+    assert "planner: the uniform grid" in out
 
 
 def test_trace_json(capsys):
@@ -99,3 +140,14 @@ def test_console_script_imports_a_module_of_the_current_directory(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert out.is_file()
+
+
+def test_autoplan_trace_is_callable_after_importing_the_subpackage():
+    """The README's `autoplan.trace(autoplan.resolve_model(...), batch_size=1)` once anything
+    imported `autoplan.trace` (which binds the attribute to the package)."""
+    import autoplan
+    import autoplan.trace
+
+    graph = autoplan.trace(autoplan.resolve_model("gpt-tiny"), batch_size=1)
+    assert type(graph).__name__ == "OpGraph"
+    assert autoplan.trace.trace_module is not None

@@ -52,10 +52,11 @@ _LLAMA3 = {
 }
 
 
-# name: (hidden, layers, heads, kv_heads, ffn, seq_len)
+# name: (hidden, layers, heads, kv_heads, ffn, seq_len); Llama-2 7B/13B use multi-head
+# attention (kv_heads = heads), 70B grouped-query attention (Touvron et al. 2023, table 1)
 _LLAMA2_MISTRAL = {
-    "llama2-7b": (4096, 32, 32, None, 11008, 4096),
-    "llama2-13b": (5120, 40, 40, None, 13824, 4096),
+    "llama2-7b": (4096, 32, 32, 32, 11008, 4096),
+    "llama2-13b": (5120, 40, 40, 40, 13824, 4096),
     "llama2-70b": (8192, 80, 64, 8, 28672, 4096),
     "mistral-7b": (4096, 32, 32, 8, 14336, 8192),
 }

@@ -114,9 +114,10 @@ def _summary(plan: Plan) -> Section:
                  ("time breakdown", ", ".join(f"{k} {100 * v / total:.0f}%"
                                               for k, v in parts.items() if v > 0))]
     planner = plan.planner
-    if planner.evaluated:
-        rows.append(("planner", f"{planner.name}: {planner.evaluated} "
-                                f"configurations evaluated, {planner.feasible} fit"))
+    if planner.name:          # which planner, and why the grid's plan if it stands in
+        from autoplan.display import planner_line
+
+        rows.append(("planner", planner_line(plan).removeprefix("planner: ")))
     return Section("summary", "Summary", tables=(Table(("what", "value"), tuple(rows)),))
 
 

@@ -9,6 +9,20 @@ on a GPU), ``flops``, ``dataflow``, ``layers`` (repeated-block detection), ``rol
 (tensor-parallel roles), ``saved`` (activation memory), ``stats`` (per-layer aggregates).
 """
 
+import sys
+import types
+
 from autoplan.trace.tracer import module_fingerprint, trace, trace_module
 
 __all__ = ["module_fingerprint", "trace", "trace_module"]
+
+
+class _CallablePackage(types.ModuleType):
+    """``autoplan.trace(...)`` is :func:`trace` whether ``autoplan.trace`` names this package
+    (once anything imported it, Python binds the attribute to the package) or not."""
+
+    def __call__(self, *args, **kwargs):
+        return trace(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
