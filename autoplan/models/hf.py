@@ -206,10 +206,25 @@ def _check_config(config, task: str, source: str) -> None:
 
 
 def _model_class(config, task: str):
-    return _mapping(_transformers(), task)[type(config)]
+    """The task's transformers class for ``config``. transformers imports it lazily, and that
+    import fails when a package it probes is broken — a CUDA-built torchvision beside a CPU
+    torch ("operator torchvision::nms does not exist"): a ConfigError naming the cause."""
+    try:
+        return _mapping(_transformers(), task)[type(config)]
+    except (ImportError, RuntimeError) as exc:
+        causes, cause = [], exc
+        while cause is not None and len(causes) < 8:
+            causes.append(f"{type(cause).__name__}: {cause}")
+            cause = cause.__cause__ or cause.__context__
+        text = " <- ".join(" ".join(c.split()) for c in causes)
+        hint = ("; the installed torchvision does not match torch (e.g. a CUDA build beside "
+                "a CPU torch): uninstall it or install the torchvision built for this torch"
+                if "torchvision" in text else "")
+        raise ConfigError(f"transformers could not import the {config.model_type} {task} "
+                          f"class{hint} ({text})"[:600], field="model.name") from None
 
 
-def resolve(name_or_path: str, **overrides: Any) -> ModelSpec:
+def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
     """A spec for a model type (default config + overrides) or a local config.json.
 
     Two keys are autoplan's, not the config's: ``task`` (:data:`TASKS`; default from the
