@@ -229,11 +229,15 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
         comparison.update(feasible=False, message=uniform_error)
     else:
         best = uniform.best
+        reprice_error = None
         try:                       # the same configuration, priced by the search's evaluator
             mine = uniform_choice(result.evaluator, best.parallel)
             repriced = result.evaluator.predict(mine)
-        except (InfeasibleError, ValueError):     # not expressible with DTensor's placements
+        except (InfeasibleError, ValueError) as exc:   # not expressible with DTensor's placements
             mine = repriced = None
+            reprice_error = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if reprice_error is not None:
+            comparison["repriced_error"] = reprice_error
         comparison.update(
             feasible=True, parallel=best.parallel.label(), config=asdict(best.parallel),
             evaluated=uniform.evaluated, step_time_s=best.prediction.step_time_s,
@@ -251,6 +255,19 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
                              global_batch=problem.global_batch, seq_len=problem.seq_len,
                              precision=problem.precision_dict, top_k=top_k,
                              comparison=comparison)
+    if uniform is not None and comparison.get("repriced_step_time_s") is None and \
+            uniform.best.prediction.step_time_s < plan.prediction.step_time_s:
+        # the grid's best could not be priced by the search's evaluator: the two planners'
+        # own predictions, compared directly, keep the never-slower promise
+        note = (f"the search's plan ({plan.planner.get('label')}, "
+                f"{plan.prediction.step_time_s:.4g} s per step) is predicted slower than the "
+                f"uniform grid's best ({uniform.best.prediction.step_time_s:.4g} s), which "
+                f"the search's evaluator could not reprice ({comparison.get('repriced_error')}"
+                "); this is the grid's best")
+        return replace(uniform_plan, planner={**uniform_plan.planner, "note": note,
+                                              "search": plan.planner.get("label"),
+                                              "search_step_time_s":
+                                                  plan.prediction.step_time_s}), result
     gap = _engine_gap(problem.spec, plan)
     if gap and uniform_plan is not None:
         # a plan the engine could not run is worth less than the grid's best, which it runs

@@ -14,7 +14,9 @@ arguments (``input_meta``) are matched to its producers (``OpNode.inputs``) by s
 dtype; an argument no producer made is batch-dependent if its shape and dtype are those of a
 graph input or of the output of a node fed by graph inputs alone (the tracer does not list
 such nodes as producers: ``targets.view(-1)`` feeding the loss), else it is a parameter or
-constant.
+constant. Each producer is matched to one argument first; arguments left over then match any
+producer of their shape, since one producer may feed several arguments (a fused q/k/v
+projection's ``unbind`` feeding attention its q, k and v: ViT).
 
 Which dim (:func:`scaled_node`): dim 0 of every batch-dependent tensor is multiplied by
 ``k = b / b0`` — the batch dim of batch-first models, or the flattened ``batch x sequence``
@@ -56,6 +58,11 @@ def batch_tensors(graph: OpGraph) -> dict[str, tuple[tuple[bool, ...], bool]]:
                     used.add(j)
                     flag = dep
                     break
+            if flag is None:        # one producer feeding several arguments: fused q/k/v
+                # split into three views of one output, all three read by attention
+                flag = next((dep for outs, dep in producers
+                             if any(o.shape == meta.shape and o.dtype == meta.dtype
+                                    for o in outs)), None)
             if flag is None:
                 flag = (tuple(meta.shape), meta.dtype) in from_inputs
             flags.append(flag)
