@@ -119,13 +119,14 @@ def _trace_smallest_batch(spec: ModelSpec, seq_len: int | None, dtype) -> OpGrap
     """The trace at micro-batch 1, or 2, 4, ... up to 16 while BatchNorm refuses the batch
     (training-mode BatchNorm needs more than one value per channel: a 1x1 feature map at
     batch 1); the planners scale from the traced batch ``b0``."""
+    from autoplan.errors import TraceError
     from autoplan.trace import trace
 
     batch = 1
     while True:
         try:
             return trace(spec, batch, seq_len, dtype=dtype)
-        except ValueError as exc:
+        except (TraceError, ValueError) as exc:
             if "more than 1 value per channel" not in str(exc) or batch >= 16:
                 raise
             batch *= 2

@@ -45,7 +45,8 @@ PLAN_LIMIT_S = 60.0            # the target: CPU seconds per plan
 WALL_LIMIT_S = 900             # a hung search is cut off here (the machine is shared)
 PARITY = 1e-5
 
-_LM = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128)
+_ENC = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4)
+_LM = dict(_ENC, vocab_size=128)
 _TV, _TIMM = "import:benchmarks.zoo_models:torchvision_model", \
     "import:benchmarks.zoo_models:timm_model"
 _NN = "import:benchmarks.zoo_models:nn_transformer"
@@ -86,7 +87,7 @@ ZOO: dict[str, tuple[str, dict, dict, str | None]] = {
                                  encoder_attention_heads=4, decoder_attention_heads=4,
                                  encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128,
                                  max_position_embeddings=64), None),
-    "vit": ("hf:vit", {}, dict(_LM, intermediate_size=128, image_size=32, patch_size=8),
+    "vit": ("hf:vit", {}, dict(_ENC, intermediate_size=128, image_size=32, patch_size=8),
             None),
     "distilbert": ("hf:distilbert", {}, dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128,
                                              vocab_size=128, max_position_embeddings=64),
@@ -104,7 +105,7 @@ ZOO: dict[str, tuple[str, dict, dict, str | None]] = {
                                    encoder_attention_heads=4, decoder_attention_heads=4,
                                    encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128,
                                    max_position_embeddings=64), None),
-    "deit": ("hf:deit", {}, dict(_LM, intermediate_size=128, image_size=32, patch_size=8),
+    "deit": ("hf:deit", {}, dict(_ENC, intermediate_size=128, image_size=32, patch_size=8),
              None),
     "tv_resnet50": (_TV, dict(arch="resnet50"), dict(arch="resnet18", image_size=32,
                                                      num_classes=10), "torchvision"),
