@@ -369,3 +369,16 @@ def test_never_slower_guard_without_repricing(monkeypatch):
         assert "could not reprice" in plan.planner["note"]
     else:
         assert plan.comparison["repriced_error"] == "not expressible"
+
+
+def test_cli_task_flag(capsys):
+    from autoplan.cli import main
+
+    assert main(["trace", "hf:bert", "--task", "causal-lm", "--set", "num_hidden_layers=1",
+                 "--set", "hidden_size=32", "--set", "num_attention_heads=4",
+                 "--set", "intermediate_size=64", "--seq-len", "8", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["trace", "hf:gpt2", "--task", "masked-lm", "--set", "n_layer=1"]) == 2
+    assert "no masked-lm class" in capsys.readouterr().err
+    assert main(["trace", "gpt-tiny", "--task", "masked-lm"]) == 2
+    assert "--task is for hf: models" in capsys.readouterr().err
