@@ -81,20 +81,28 @@ class Problem:
                          memory_headroom=self.memory_headroom)
 
 
-def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
+def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch: int,
             nodes: int | None = None, seq_len: int | None = None,
             precision: str | None = None, check_fits: bool = False,
-            memory_headroom: float = DEFAULT_HEADROOM) -> Problem:
-    """Resolve the model and cluster and trace the model (micro-batch 1) on the meta device.
-    ``check_fits`` (for planning): first raise InfeasibleError when the model states alone
-    cannot fit in the cluster's memory (:mod:`autoplan.planner.bounds`), without tracing."""
-    from autoplan.trace import trace
+            memory_headroom: float = DEFAULT_HEADROOM, example_inputs: Any = None) -> Problem:
+    """Resolve the model and cluster and trace the model on the meta device, at micro-batch
+    1 or, for a model whose BatchNorm refuses one sample per channel in training, the
+    smallest batch it accepts. ``model`` may be an ``nn.Module`` (meta or real) with its
+    ``example_inputs`` (``model(*example_inputs)`` returns the loss): see
+    :func:`autoplan.models.registry.module_spec`. ``check_fits`` (for planning): first raise
+    InfeasibleError when the model states alone cannot fit in the cluster's memory
+    (:mod:`autoplan.planner.bounds`), without tracing."""
+    from autoplan.models.registry import module_spec
 
     if isinstance(model, nn.Module):
-        raise ConfigError("pass the model as a name, 'import:pkg.module:factory' or a "
-                          "ModelSpec, so the engine can rebuild it from the plan; "
-                          "autoplan.trace.trace_module() traces an in-memory module",
-                          field="model")
+        if example_inputs is None:
+            raise ConfigError("an nn.Module needs its example_inputs (a tensor or a tuple of "
+                              "tensors: model(*example_inputs) returns the loss)",
+                              field="example_inputs")
+        model = module_spec(model, example_inputs)
+    elif example_inputs is not None:
+        raise ConfigError("example_inputs is for an nn.Module; a named model makes its own",
+                          field="example_inputs")
     _count(global_batch, "global_batch", high=MAX_GLOBAL_BATCH)
     if seq_len is not None:
         _count(seq_len, "seq_len", high=MAX_SEQ_LEN)
@@ -119,13 +127,30 @@ def prepare(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     import torch
 
     dtype = torch.bfloat16 if precision == "mixed" else torch.float32
-    graph = trace(spec, 1, seq, dtype=dtype)
+    graph = _trace_smallest_batch(spec, seq, dtype)
     if not clus.device.name.lower().startswith("cpu"):
         # GPU training runs fused norm and attention kernels: their saved activations
         from autoplan.cost.fused import fuse_saved_activations
 
         graph = fuse_saved_activations(graph)
     return Problem(spec, graph, clus, global_batch, seq, precision, float(memory_headroom))
+
+
+def _trace_smallest_batch(spec: ModelSpec, seq_len: int | None, dtype) -> OpGraph:
+    """The trace at micro-batch 1, or 2, 4, ... up to 16 while BatchNorm refuses the batch
+    (training-mode BatchNorm needs more than one value per channel: a 1x1 feature map at
+    batch 1); the planners scale from the traced batch ``b0``."""
+    from autoplan.errors import TraceError
+    from autoplan.trace import trace
+
+    batch = 1
+    while True:
+        try:
+            return trace(spec, batch, seq_len, dtype=dtype)
+        except (TraceError, ValueError) as exc:
+            if "more than 1 value per channel" not in str(exc) or batch >= 16:
+                raise
+            batch *= 2
 
 
 def head_counts(spec: ModelSpec) -> tuple[int, ...]:
@@ -232,11 +257,15 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
         comparison.update(feasible=False, message=uniform_error)
     else:
         best = uniform.best
+        reprice_error = None
         try:                       # the same configuration, priced by the search's evaluator
             mine = uniform_choice(result.evaluator, best.parallel)
             repriced = result.evaluator.predict(mine)
-        except (InfeasibleError, ValueError):     # not expressible with DTensor's placements
+        except (InfeasibleError, ValueError) as exc:   # not expressible with DTensor's placements
             mine = repriced = None
+            reprice_error = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if reprice_error is not None:
+            comparison["repriced_error"] = reprice_error
         comparison.update(
             feasible=True, parallel=best.parallel.label(), config=asdict(best.parallel),
             evaluated=uniform.evaluated, step_time_s=best.prediction.step_time_s,
@@ -254,6 +283,19 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
                              global_batch=problem.global_batch, seq_len=problem.seq_len,
                              precision=problem.precision_dict, top_k=top_k,
                              comparison=comparison)
+    if uniform is not None and comparison.get("repriced_step_time_s") is None and \
+            uniform.best.prediction.step_time_s < plan.prediction.step_time_s:
+        # the grid's best could not be priced by the search's evaluator: the two planners'
+        # own predictions, compared directly, keep the never-slower promise
+        note = (f"the search's plan ({plan.planner.get('label')}, "
+                f"{plan.prediction.step_time_s:.4g} s per step) is predicted slower than the "
+                f"uniform grid's best ({uniform.best.prediction.step_time_s:.4g} s), which "
+                f"the search's evaluator could not reprice ({comparison.get('repriced_error')}"
+                "); this is the grid's best")
+        return replace(uniform_plan, planner={**uniform_plan.planner, "note": note,
+                                              "search": plan.planner.get("label"),
+                                              "search_step_time_s":
+                                                  plan.prediction.step_time_s}), result
     gap = _engine_gap(problem.spec, plan)
     if gap and uniform_plan is not None:
         # a plan the engine could not run is worth less than the grid's best, which it runs
@@ -303,14 +345,17 @@ def _engine_gap(spec: ModelSpec, plan: Plan) -> str | None:
     return gap if gap and runs_per_op(plan, spec) else None
 
 
-def optimize(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
+def optimize(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch: int,
              nodes: int | None = None, seq_len: int | None = None,
              precision: str | None = None, space: SearchSpace = SearchSpace(),
-             top_k: int = 10, planner: str = "auto", options=None) -> Plan:
+             top_k: int = 10, planner: str = "auto", options=None,
+             example_inputs: Any = None) -> Plan:
     """Plan ``model`` on ``cluster``: the fastest predicted configuration that fits.
 
     ``model``: a built-in name or preset ("gpt-7.5b", "llama3-70b"), ``hf:<type or
-    config.json>``, ``import:pkg.module:factory``, or a ModelSpec. ``cluster``: a preset
+    config.json>``, ``import:pkg.module:factory``, a ModelSpec, or an ``nn.Module`` instance
+    (meta or real; never modified) with ``example_inputs`` such that
+    ``model(*example_inputs)`` returns the training loss. ``cluster``: a preset
     name ("dgx-a100"), a YAML path, or a Cluster; ``nodes`` overrides its node count.
     ``planner``: ``"auto"`` (default: the Alpa-style search, with the grid's best as its
     comparison and floor; ``options`` is its :class:`~autoplan.planner.search.SearchOptions`)
@@ -322,7 +367,7 @@ def optimize(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
         raise ConfigError(f"must be one of {', '.join(PLANNERS)}, got {planner!r}"[:200],
                           field="planner")
     problem = prepare(model, cluster, global_batch=global_batch, nodes=nodes, seq_len=seq_len,
-                      precision=precision, check_fits=True)
+                      precision=precision, check_fits=True, example_inputs=example_inputs)
     plan, _ = plan_problem(problem, space=space, top_k=top_k, planner=planner,
                            options=options)
     return plan

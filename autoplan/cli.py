@@ -97,7 +97,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab", type=int, dest="vocab_size")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other model config key (repeatable), e.g. --set kv_heads=8")
-    p.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the model's; for "
+                   "hf: a training length of at most 2048, printed)")
+    p.add_argument("--task", choices=("causal-lm", "masked-lm", "seq2seq-lm",
+                                      "image-classification"),
+                   help="hf: task family (default: the config's architectures, else the "
+                   "model type's: bert masked-lm, t5 seq2seq-lm, vit image-classification)")
 
 
 def _fraction(text: str) -> float:
@@ -228,6 +233,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             out[key] = getattr(args, key)
     if getattr(args, "seq_len", None) is not None and args.model.split(":")[0] not in ("hf", "import"):
         out.setdefault("seq_len", args.seq_len)
+    if getattr(args, "task", None) is not None:
+        if args.model.split(":")[0] != "hf":
+            raise ConfigError("--task is for hf: models", field="--task")
+        out["task"] = args.task
     for item in getattr(args, "set", []) or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -294,8 +303,13 @@ def _prepare(args: argparse.Namespace, check_fits: bool = False):
     from autoplan.api import prepare
 
     console = Console(stderr=True)
+    spec = _spec(args)
+    if spec.source == "hf" and args.seq_len is None:
+        from autoplan.models.hf import default_seq_len, seq_len_note
+
+        console.print(seq_len_note(spec, default_seq_len(spec)))
     with console.status(f"tracing {args.model} on the meta device ...", spinner="dots"):
-        return prepare(_spec(args), args.cluster, global_batch=args.global_batch,
+        return prepare(spec, args.cluster, global_batch=args.global_batch,
                        nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
                        check_fits=check_fits,
                        **({"memory_headroom": args.memory_headroom}

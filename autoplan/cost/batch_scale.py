@@ -14,7 +14,11 @@ arguments (``input_meta``) are matched to its producers (``OpNode.inputs``) by s
 dtype; an argument no producer made is batch-dependent if its shape and dtype are those of a
 graph input or of the output of a node fed by graph inputs alone (the tracer does not list
 such nodes as producers: ``targets.view(-1)`` feeding the loss), else it is a parameter or
-constant.
+constant. Each producer is matched to one argument first; arguments left over then match any
+producer of their shape, since one producer may feed several arguments (a fused q/k/v
+projection's ``unbind`` feeding attention its q, k and v: ViT). Arguments of one op with equal
+shape and dtype scale alike (if one grows with the batch, so do the others: attention's q, k
+and v must keep equal batch dims, or ``sdpa_flop_count`` asserts on the scaled shapes).
 
 Which dim (:func:`scaled_node`): dim 0 of every batch-dependent tensor is multiplied by
 ``k = b / b0`` — the batch dim of batch-first models, or the flattened ``batch x sequence``
@@ -56,9 +60,19 @@ def batch_tensors(graph: OpGraph) -> dict[str, tuple[tuple[bool, ...], bool]]:
                     used.add(j)
                     flag = dep
                     break
+            if flag is None:        # one producer feeding several arguments: fused q/k/v
+                # split into three views of one output, all three read by attention
+                flag = next((dep for outs, dep in producers
+                             if any(o.shape == meta.shape and o.dtype == meta.dtype
+                                    for o in outs)), None)
             if flag is None:
                 flag = (tuple(meta.shape), meta.dtype) in from_inputs
             flags.append(flag)
+        same: dict[tuple, bool] = {}   # equal-shaped arguments (q, k, v) scale alike
+        for meta, flag in zip(node.input_meta, flags):
+            key = (tuple(meta.shape), meta.dtype)
+            same[key] = same.get(key, False) or flag
+        flags = [same[(tuple(m.shape), m.dtype)] for m in node.input_meta]
         dep = any(flags) or any(d for _, d in producers)
         out_flag[node.name] = dep
         if dep and not producers:

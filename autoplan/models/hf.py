@@ -1,21 +1,29 @@
-"""Hugging Face transformers causal LMs, built offline from a config (no network, no weights).
+"""Hugging Face transformers models of every task family, built offline from a config
+(no network, no weights).
 
     spec = resolve("llama", num_hidden_layers=2, hidden_size=64, num_attention_heads=4)
-    spec = resolve("gpt2", n_layer=2, n_embd=64, n_head=4, attn_implementation="eager")
+    spec = resolve("bert")                           # masked LM: BertForMaskedLM
+    spec = resolve("t5", num_layers=2)               # encoder-decoder: T5ForConditionalGeneration
+    spec = resolve("vit")                            # ViTForImageClassification
+    spec = resolve("bert", task="causal-lm")         # an explicit task
     spec = resolve("path/to/config.json")            # or a directory holding config.json
 
 A name is a transformers ``model_type``; its default config (``AutoConfig.for_model``) is
 updated with the overrides, which must be fields of that config (or their aliases from the
 config's ``attribute_map``, e.g. ``num_hidden_layers`` for GPT-2's ``n_layer``) — an unknown
-key is an error, not silently stored. ``attn_implementation`` ("eager" or "sdpa", default
-"sdpa") picks the attention code. The spec keeps the config's differences from the
-transformers defaults (``to_diff_dict``), so it is small and stable in a plan file.
+key is an error, not silently stored. The task (:data:`TASKS`) comes from ``task=``, else the
+config's ``architectures``, else the model type's family (:func:`_task_of`).
+``attn_implementation`` ("eager" or "sdpa") picks the attention code; its default is "sdpa"
+where the class supports it. The spec keeps the config's differences from the transformers
+defaults (``to_diff_dict``), so it is small and stable in a plan file.
 
-:func:`build` returns the transformers model class for the config (from
-``AutoModelForCausalLM``'s mapping) subclassed with ``forward(input_ids, labels) -> loss``,
-so parameter and module names are exactly the checkpoint's (``model.layers.3.mlp.up_proj``,
-``transformer.h.5.attn.c_attn``). Labels are the input ids: transformers shifts them
-inside its causal-LM loss.
+:func:`build` returns the task's transformers class subclassed with
+``forward(*batch) -> loss``, so parameter and module names are exactly the checkpoint's
+(``model.layers.3.mlp.up_proj``, ``transformer.h.5.attn.c_attn``). The batch
+(:func:`example_batch`): token models get ``(input_ids, labels)`` with labels equal to the ids
+(transformers shifts them inside its causal-LM loss and into the decoder's inputs for
+encoder-decoders); image classifiers get ``(pixel_values, labels)``. The default sequence
+length is a training length (:func:`default_seq_len`), not the model's maximum.
 
 Traced (on fake tensors), transformers takes its ``torch.compile`` path: it cannot rule out
 packed sequences without values, so it builds a (b, 1, s, s) mask and passes it to SDPA,
@@ -100,23 +108,137 @@ def _check_sizes(config_class: type, values: dict[str, Any], source: str) -> Non
 
 
 def _check_keys(model_type: str, overrides: dict[str, Any], source: str) -> None:
+    import dataclasses
+
     default = _config(model_type, {}, source=source)
     known = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
+    if dataclasses.is_dataclass(default):
+        known |= {f.name for f in dataclasses.fields(default)}
     unknown = sorted(set(overrides) - known)
+    if "head_dim" in unknown:
+        raise ConfigError(f"{model_type} has no head_dim field: it derives the head size as "
+                          "hidden_size / num_attention_heads; set those instead",
+                          source=source, field="model.config.head_dim")
     if unknown:
         raise ConfigError(f"unknown {model_type} config key(s) {unknown}; see "
                           f"{type(default).__name__} for the fields", source=source,
                           field=f"model.config.{unknown[0]}")
 
 
-def resolve(name_or_path: str, **overrides: Any) -> ModelSpec:
-    """A spec for a model type (default config + overrides) or a local config.json."""
-    attn = overrides.pop("attn_implementation", "sdpa")
-    if attn not in _ATTN:
+#: Task families (``--task`` / ``task=``): the transformers auto class whose mapping gives
+#: the model class, the forward arguments of a training batch, and the loss the model returns.
+TASKS = {
+    "causal-lm": "AutoModelForCausalLM",           # (input_ids, labels): next-token loss
+    "masked-lm": "AutoModelForMaskedLM",           # (input_ids, labels): token loss
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",         # (input_ids, labels): decoder loss
+    "image-classification": "AutoModelForImageClassification",   # (pixel_values, labels)
+}
+#: Class-name suffixes of a config's ``architectures`` entry -> task.
+_ARCH_SUFFIX = (("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"),
+                ("ForMaskedLM", "masked-lm"), ("ForConditionalGeneration", "seq2seq-lm"),
+                ("ForSeq2SeqLM", "seq2seq-lm"), ("ForImageClassification",
+                                                 "image-classification"))
+#: The default training sequence length: a model's maximum (Mistral's 131,072 positions) is
+#: what it can attend over, not what it is trained on per step; 2,048 is GPT-3's and
+#: LLaMA-1's pre-training context (Brown et al. 2020, table 2.1; Touvron et al. 2023, 2.2),
+#: capped by the model's own maximum.
+TRAIN_SEQ_LEN = 2048
+_SPEC_ONLY = ("attn_implementation", "task")       # spec keys that are not config fields
+
+
+def _mapping(transformers, task: str):
+    return getattr(transformers, TASKS[task])._model_mapping
+
+
+def _task_of(config, architectures: list | None, explicit: str | None, source: str) -> str:
+    """The task: ``explicit``, else the config's ``architectures``, else the model type's
+    family — encoder-decoder -> seq2seq-lm; a type with a masked-LM class -> masked-lm (BERT
+    and RoBERTa also have a causal ``...LMHeadModel``, a decoder variant that is not the
+    pre-training objective); a causal LM; an image classifier."""
+    transformers = _transformers()
+    kind = type(config)
+    if explicit is not None:
+        if explicit not in TASKS:
+            raise ConfigError(f"must be one of {', '.join(TASKS)}, got {explicit!r}"[:200],
+                              source=source, field="model.task")
+        if kind not in _mapping(transformers, explicit):
+            have = [t for t in TASKS if kind in _mapping(transformers, t)]
+            raise ConfigError(f"{config.model_type} has no {explicit} class in transformers "
+                              f"{transformers.__version__}; it has: {have or 'none'}",
+                              source=source, field="model.task")
+        return explicit
+    for arch in architectures or []:
+        for suffix, task in _ARCH_SUFFIX:
+            if isinstance(arch, str) and arch.endswith(suffix) and \
+                    kind in _mapping(transformers, task):
+                return task
+    order = ("seq2seq-lm",) if config.is_encoder_decoder else ()
+    for task in order + ("masked-lm", "causal-lm", "image-classification"):
+        if kind in _mapping(transformers, task):
+            return task
+    raise ConfigError(f"{config.model_type} has no class for any task autoplan trains "
+                      f"({', '.join(TASKS)})", source=source, field="model.name")
+
+
+def _check_config(config, task: str, source: str) -> None:
+    """What transformers would only fail on deep inside the model: heads vs KV heads, token
+    ids outside the vocabulary (Phi-3's pad id 32,000 with a small ``vocab_size``)."""
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and kv > 0 and \
+            (kv > heads or heads % kv):
+        raise ConfigError(f"num_key_value_heads = {kv} must divide num_attention_heads = "
+                          f"{heads} (each KV head serves a group of query heads)",
+                          source=source, field="model.config.num_key_value_heads")
+    hidden = getattr(config, "hidden_size", None)
+    if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and \
+            getattr(config, "head_dim", None) is None and hidden % heads:
+        raise ConfigError(f"hidden_size = {hidden} is not divisible by num_attention_heads "
+                          f"= {heads}", source=source, field="model.config.hidden_size")
+    vocab = getattr(config, "vocab_size", None)
+    if task != "image-classification" and isinstance(vocab, int):
+        for key in ("pad_token_id", "decoder_start_token_id"):
+            value = getattr(config, key, None)
+            if isinstance(value, int) and not 0 <= value < vocab:
+                raise ConfigError(f"{key} = {value} is outside the vocabulary (vocab_size = "
+                                  f"{vocab}); set {key} below it", source=source,
+                                  field=f"model.config.{key}")
+
+
+def _model_class(config, task: str):
+    """The task's transformers class for ``config``. transformers imports it lazily, and that
+    import fails when a package it probes is broken — a CUDA-built torchvision beside a CPU
+    torch ("operator torchvision::nms does not exist"): a ConfigError naming the cause."""
+    try:
+        return _mapping(_transformers(), task)[type(config)]
+    except (ImportError, RuntimeError) as exc:
+        causes, cause = [], exc
+        while cause is not None and len(causes) < 8:
+            causes.append(f"{type(cause).__name__}: {cause}")
+            cause = cause.__cause__ or cause.__context__
+        text = " <- ".join(" ".join(c.split()) for c in causes)
+        hint = ("; the installed torchvision does not match torch (e.g. a CUDA build beside "
+                "a CPU torch): uninstall it or install the torchvision built for this torch"
+                if "torchvision" in text else "")
+        raise ConfigError(f"transformers could not import the {config.model_type} {task} "
+                          f"class{hint} ({text})"[:600], field="model.name") from None
+
+
+def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
+    """A spec for a model type (default config + overrides) or a local config.json.
+
+    Two keys are autoplan's, not the config's: ``task`` (:data:`TASKS`; default from the
+    config's ``architectures`` or the model type, :func:`_task_of`) and
+    ``attn_implementation`` ("sdpa" or "eager"; default "sdpa" where the model class
+    supports it, else "eager": BLOOM, Gemma-2)."""
+    attn = overrides.pop("attn_implementation", None)
+    explicit_task = overrides.pop("task", None)
+    if attn is not None and attn not in _ATTN:
         raise ConfigError(f"attn_implementation must be one of {list(_ATTN)}, got {attn!r}",
                           field="model.config.attn_implementation")
     path = Path(name_or_path)
     source = "<hf>"
+    architectures = None
     if path.suffix == ".json" or path.is_dir():
         file = path / "config.json" if path.is_dir() else path
         try:
@@ -130,42 +252,79 @@ def resolve(name_or_path: str, **overrides: Any) -> ModelSpec:
         if "model_type" not in base:
             raise ConfigError("missing", source=str(file), field="model_type")
         model_type, source = base["model_type"], str(file)
+        architectures = base.get("architectures")
         values = {k: v for k, v in base.items() if k not in _DROP_KEYS}
     else:
         model_type, values = name_or_path, {}
     _check_keys(model_type, overrides, source)
     config = _config(model_type, {**values, **overrides}, source=source)
+    task = _task_of(config, architectures, explicit_task, source)
+    _check_config(config, task, source)
     diff = {k: v for k, v in config.to_diff_dict().items() if k not in _DROP_KEYS}
-    return ModelSpec("hf", model_type, {**diff, "attn_implementation": attn})
+    if task == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
+        # T5 starts decoding from the pad token (its checkpoints set
+        # decoder_start_token_id = pad_token_id = 0); the default config leaves it unset
+        diff["decoder_start_token_id"] = config.pad_token_id or 0
+    supports_sdpa = bool(getattr(_model_class(config, task), "_supports_sdpa", False))
+    if attn is None:
+        attn = "sdpa" if supports_sdpa else "eager"
+    elif attn == "sdpa" and not supports_sdpa:
+        raise ConfigError(f"{model_type}'s transformers class does not support "
+                          "attn_implementation='sdpa'; use 'eager'",
+                          source=source, field="model.config.attn_implementation")
+    return ModelSpec("hf", model_type, {**diff, "attn_implementation": attn, "task": task})
+
+
+def task_of(spec: ModelSpec) -> str:
+    """The spec's task (a plan written before tasks existed is a causal LM)."""
+    return spec.config.get("task", "causal-lm")
 
 
 def hf_config(spec: ModelSpec):
     """The transformers config object of ``spec``."""
-    values = {k: v for k, v in spec.config.items() if k != "attn_implementation"}
+    values = {k: v for k, v in spec.config.items() if k not in _SPEC_ONLY}
     config = _config(spec.name, values)
-    config.loss_type = "ForCausalLM"
+    if task_of(spec) == "causal-lm":
+        config.loss_type = "ForCausalLM"
     return config
 
 
 class _LossForward:
-    """Mixin: ``forward(input_ids, labels)`` returns the causal-LM loss."""
+    """Mixin: ``forward(input_ids, labels)`` returns the language-model loss (causal,
+    masked or encoder-decoder: transformers shifts the labels where the task needs it)."""
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return super().forward(input_ids=input_ids, labels=labels, use_cache=False).loss
+        kwargs = {} if self.config.model_type in _NO_CACHE_ARG else {"use_cache": False}
+        return super().forward(input_ids=input_ids, labels=labels, **kwargs).loss
+
+
+class _ImageLossForward:
+    """Mixin: ``forward(pixel_values, labels)`` returns the classification loss."""
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return super().forward(pixel_values=pixel_values, labels=labels).loss
+
+
+_NO_CACHE_ARG: set[str] = set()
 
 
 def build(spec: ModelSpec) -> nn.Module:
-    """The transformers causal LM of ``spec`` (on the current default device), whose
-    ``forward(input_ids, labels)`` returns the loss."""
-    transformers = _transformers()
+    """The transformers model of ``spec``'s task (on the current default device), whose
+    ``forward(*example_batch(...))`` returns the loss."""
+    import inspect
+
     config = hf_config(spec)
-    mapping = transformers.AutoModelForCausalLM._model_mapping
+    task = task_of(spec)
     try:
-        cls = mapping[type(config)]
+        cls = _model_class(config, task)
     except KeyError as exc:
-        raise ConfigError(f"model_type {spec.name!r} has no causal-LM class in transformers",
+        raise ConfigError(f"model_type {spec.name!r} has no {task} class in transformers",
                           field="model.name") from exc
-    trainable = type(f"{cls.__name__}ForTraining", (_LossForward, cls), {})
+    if task != "image-classification" and \
+            "use_cache" not in inspect.signature(cls.forward).parameters:
+        _NO_CACHE_ARG.add(spec.name)
+    mixin = _ImageLossForward if task == "image-classification" else _LossForward
+    trainable = type(f"{cls.__name__}ForTraining", (mixin, cls), {})
     model = trainable._from_config(config,
                                    attn_implementation=spec.config.get("attn_implementation",
                                                                        "sdpa"))
@@ -173,21 +332,66 @@ def build(spec: ModelSpec) -> nn.Module:
     return model
 
 
-def default_seq_len(spec: ModelSpec) -> int:
-    return int(hf_config(spec).max_position_embeddings)
+def max_seq_len(spec: ModelSpec) -> int | None:
+    """The longest sequence the model's positions allow (None: no limit in the config —
+    ALiBi, relative position buckets — or no sequence at all)."""
+    if task_of(spec) == "image-classification":
+        return None
+    config = hf_config(spec)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def default_seq_len(spec: ModelSpec) -> int | None:
+    """:data:`TRAIN_SEQ_LEN` capped by :func:`max_seq_len` (T5, whose relative positions
+    have no maximum, trains at 512: Raffel et al. 2020, 3.1.2); None for an image model."""
+    if task_of(spec) == "image-classification":
+        return None
+    if spec.name in ("t5", "mt5", "umt5", "longt5"):
+        return 512
+    most = max_seq_len(spec)
+    return min(TRAIN_SEQ_LEN, most) if most else TRAIN_SEQ_LEN
+
+
+def seq_len_note(spec: ModelSpec, seq_len: int | None) -> str:
+    """One line saying which sequence length was chosen and why (printed by the CLI)."""
+    most = max_seq_len(spec)
+    if seq_len is None:
+        return f"{spec.name}: image model, no sequence length"
+    limit = f"the model allows {most:,}" if most else "the config sets no maximum"
+    return (f"{spec.name}: sequence length {seq_len:,} (a training default; {limit}; "
+            "--seq-len to change)")
 
 
 def example_batch(spec: ModelSpec, batch_size: int, seq_len: int | None,
                   device: torch.device, *, seed: int = 0) -> tuple:
-    """``(input_ids, labels)``, both (batch_size, seq_len); labels equal the ids."""
+    """The task's training batch: ``(input_ids, labels)``, both (batch_size, seq_len) and
+    equal (transformers shifts them where the task needs it), or for an image model
+    ``(pixel_values, labels)``: (batch_size, channels, size, size) float32 and
+    (batch_size,) class ids (cast the pixels to the compute dtype under mixed precision)."""
     config = hf_config(spec)
-    s = seq_len or int(config.max_position_embeddings)
-    if s > config.max_position_embeddings:
-        raise ConfigError(f"sequence length {s} exceeds max_position_embeddings "
-                          f"{config.max_position_embeddings}", field="batch.seq_len")
+    gen = torch.Generator().manual_seed(seed)
+    if task_of(spec) == "image-classification":
+        if seq_len is not None:
+            raise ConfigError(f"{spec.name} is an image model: it has no sequence length "
+                              "(set image_size instead)", field="batch.seq_len")
+        size, channels = int(config.image_size), int(config.num_channels)
+        shape = (batch_size, channels, size, size)
+        if device.type == "meta":
+            return (torch.empty(shape, device=device),
+                    torch.empty(batch_size, dtype=torch.long, device=device))
+        return (torch.randn(shape, generator=gen).to(device),
+                torch.randint(0, config.num_labels, (batch_size,), generator=gen).to(device))
+    s = seq_len or default_seq_len(spec)
+    most = max_seq_len(spec)
+    if most is not None and s > most:
+        raise ConfigError(f"sequence length {s} exceeds the model's maximum of {most} "
+                          "positions (max_position_embeddings)", field="batch.seq_len")
     if device.type == "meta":
         ids = torch.empty(batch_size, s, dtype=torch.long, device=device)
     else:
-        gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, config.vocab_size, (batch_size, s), generator=gen).to(device)
     return ids, ids

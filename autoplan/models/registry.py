@@ -8,6 +8,10 @@ A :class:`ModelSpec` is plain data (it goes into the plan JSON):
   ``config`` is the config dict (``name`` the model type, e.g. ``gpt2``).
 * ``source="import"``: a user's ``package.module:factory`` returning an ``nn.Module``;
   ``config`` holds the factory's kwargs.
+* ``source="module"``: an ``nn.Module`` instance the user passed in (:func:`module_spec`);
+  ``name`` is its class, ``config`` its fingerprint and example input shapes. The live
+  module travels in the :class:`ModuleSpec` (never in the plan file): a plan read back from
+  a file describes the module but cannot rebuild it.
 
 Every model built through :func:`build_model` has ``forward(*batch) -> loss`` when given the
 training batch from :func:`example_batch`, so tracing and training see the same graph.
@@ -27,7 +31,7 @@ from autoplan.errors import ConfigError, UnknownNameError
 
 
 #: Where a model spec's model comes from (module docstring).
-SOURCES = ("builtin", "hf", "import")
+SOURCES = ("builtin", "hf", "import", "module")
 
 #: Bounds of a model config's integer fields (sizes, counts): far beyond any real model,
 #: small enough that its weights' element counts stay within int64. Layer counts are bounded
@@ -166,10 +170,11 @@ def builtin_names() -> list[str]:
     return sorted(set(_FAMILIES) | set(_PRESETS))
 
 
-def resolve(name: str, **overrides: Any) -> ModelSpec:
+def resolve(name: str, /, **overrides: Any) -> ModelSpec:
     """Turn what a user typed into a spec: a builtin family or preset name, ``hf:<type>``,
     ``hf:<path/to/config.json>``, or ``import:<pkg.mod:factory>``. ``overrides`` update the
-    config (e.g. ``layers=4``)."""
+    config (e.g. ``layers=4``; ``name`` is positional-only, so an ``import:`` factory may
+    have a parameter called ``name``)."""
     _load_builtins()
     if name.startswith("hf:"):
         from autoplan.models import hf
@@ -201,6 +206,8 @@ def build_model(spec: ModelSpec, *, device: str | torch.device = "meta",
             model = hf.build(spec)
         elif spec.source == "import":
             model = _build_import(spec)
+        elif spec.source == "module":
+            model = _module_copy(spec, torch.device(device))
         else:
             raise ConfigError(f"unknown model source {spec.source!r}; use builtin, hf or import",
                               field="model.source")
@@ -221,6 +228,8 @@ def example_batch(spec: ModelSpec, batch_size: int, seq_len: int | None = None,
         from autoplan.models import hf
 
         return hf.example_batch(spec, batch_size, seq_len, device, seed=seed)
+    if spec.source == "module":
+        return _module_batch(spec, batch_size, device, seed)
     module = build_model(spec, device="meta")
     make = getattr(module, "example_batch", None)
     if make is None:
@@ -239,6 +248,86 @@ def default_seq_len(spec: ModelSpec) -> int | None:
 
         return hf.default_seq_len(spec)
     return spec.config.get("seq_len")
+
+
+@dataclass(frozen=True)
+class ModuleSpec(ModelSpec):
+    """A :class:`ModelSpec` of ``source="module"`` carrying the user's live module and
+    example inputs (neither is compared, hashed or written to a plan)."""
+
+    module: nn.Module | None = field(default=None, compare=False, repr=False)
+    inputs: tuple = field(default=(), compare=False, repr=False)
+
+
+def module_spec(module: nn.Module, example_inputs: Any) -> ModuleSpec:
+    """The spec of an in-memory ``module`` (on any device, meta included) whose
+    ``module(*example_inputs)`` returns the scalar training loss. The inputs' dim 0 is the
+    batch: :func:`example_batch` resizes every input whose dim 0 equals the first input's to
+    the batch asked for (batch-first inputs, as :mod:`autoplan.cost.batch_scale` assumes)."""
+    from autoplan.trace.tracer import module_fingerprint
+
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"must be an nn.Module, got {type(module).__name__}", field="model")
+    inputs = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if not inputs or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in inputs):
+        raise ConfigError("example_inputs must be a tensor or a tuple of tensors with a batch "
+                          "dim (model(*example_inputs) returns the loss)",
+                          field="example_inputs")
+    cls = type(module)
+    shapes = [[list(t.shape), str(t.dtype).removeprefix("torch.")] for t in inputs]
+    config: dict[str, Any] = {"fingerprint": module_fingerprint(module), "inputs": shapes}
+    first = inputs[0]
+    if first.dim() == 2 and not first.is_floating_point():
+        config["seq_len"] = int(first.shape[1])              # (batch, tokens)
+    return ModuleSpec("module", f"{cls.__module__}.{cls.__qualname__}", config,
+                      module=module, inputs=tuple(inputs))
+
+
+def _module_copy(spec: ModelSpec, device: torch.device) -> nn.Module:
+    """A copy of the spec's live module: on the meta device its parameters and buffers are
+    new empty meta tensors (no weight is copied; the user's module is never changed)."""
+    import copy
+
+    module = getattr(spec, "module", None)
+    if module is None:
+        raise ConfigError(f"the plan is of an in-memory module ({spec.name}); pass that "
+                          "module itself (autoplan.optimize / autoplan.parallelize), it cannot "
+                          "be rebuilt from a plan file", field="model.source")
+    if device.type != "meta":
+        return copy.deepcopy(module).to(device)
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"),
+                                   requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+def _module_batch(spec: ModelSpec, batch_size: int, device: torch.device,
+                  seed: int) -> tuple:
+    """The module's example inputs with dim 0 resized to ``batch_size`` (module_spec)."""
+    live = getattr(spec, "inputs", ())
+    shapes = [(tuple(t.shape), t.dtype) for t in live] or [
+        (tuple(shape), getattr(torch, dtype)) for shape, dtype in spec.config.get("inputs", [])]
+    if not shapes:
+        raise ConfigError("has no example inputs", field="model.config.inputs")
+    b0 = shapes[0][0][0]
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for k, (shape, dtype) in enumerate(shapes):
+        shape = (batch_size, *shape[1:]) if shape[0] == b0 else shape
+        if device.type == "meta":
+            out.append(torch.empty(shape, dtype=dtype, device=device))
+        elif k < len(live) and tuple(live[k].shape) == shape:
+            out.append(live[k].to(device))
+        elif dtype.is_floating_point:
+            out.append(torch.randn(shape, generator=gen).to(device=device, dtype=dtype))
+        else:       # integer inputs (tokens, class ids): below the example's largest value
+            high = int(live[k].max()) + 1 if k < len(live) and live[k].device.type != "meta" \
+                else 2
+            out.append(torch.randint(0, max(high, 1), shape, generator=gen).to(device))
+    return tuple(out)
 
 
 def _family(name: str) -> BuiltinFamily:

@@ -13,11 +13,19 @@ Blocks are found from the module tree and the op sequence, not from names:
    one-element block list, and that element is still its block.
 3. A unit's signature is its op sequence: aten op, output shapes and dtypes, and module path
    relative to the unit. Units with equal signatures are structurally identical copies.
-4. The chosen candidate covers the most ops with units that have at least one identical
-   sibling; ties go to fewer, larger units. With no repeats anywhere, the valid candidate
-   with the most units is used (so a one-unit candidate is chosen only when no candidate
-   with two or more units is valid; among one-unit candidates the shallowest wins); with no
-   valid candidate at all, the model is one layer.
+4. The first candidate chosen covers the most ops with units that have at least one
+   identical sibling; ties go to fewer, larger units. With no repeats anywhere, the valid
+   candidate with the most units is used (so a one-unit candidate is chosen only when no
+   candidate with two or more units is valid; among one-unit candidates the shallowest
+   wins); with no valid candidate at all, the model is one layer.
+5. Then, best score first, every other candidate whose ops lie wholly outside the blocks
+   chosen so far is added if it has repeated units, or if its units are all of the classes
+   of the first candidate's repeated blocks (ResNet-18's ``layer2``: a downsampling
+   ``BasicBlock`` and a plain one, no two identical): an encoder-decoder's encoder and decoder stacks
+   (T5, BART, ``nn.Transformer``), a CNN's stages (ResNet's ``layer1..4``, ConvNeXt's
+   ``stages``), each a run of blocks a pipeline stage boundary can fall inside. A candidate
+   nested in a chosen block (its attention heads' list) or spanning one (the list of stages
+   around the chosen stages' blocks) overlaps it and is skipped.
 
 Layers: ``<pre>`` (ops before the first block), one layer per block named by its FQN
 (ops between two blocks go with the earlier one), ``<post>`` (ops after the last block).
@@ -139,15 +147,22 @@ def detect_layers(model: nn.Module, ops: Sequence[CapturedOp]) -> list[LayerSpan
     """Layers of the traced forward (see the module docstring)."""
     n = len(ops)
     spans = _module_spans(ops)
-    best: tuple[tuple[int, int, int], list[str]] | None = None
-    for units in _candidate_units(model):
-        scored = _score(units, spans, ops)
-        if scored is not None and (best is None or scored[0] > best[0]):
-            best = scored
-    if best is None:
+    scored = [s for s in (_score(units, spans, ops) for units in _candidate_units(model))
+              if s is not None]
+    if not scored:
         return [LayerSpan("<pre>", "<pre>", 0, n), LayerSpan("<post>", "<post>", n, n)]
-    blocks = best[1]
+    scored.sort(key=lambda s: s[0], reverse=True)        # stable: ties keep model order
     modules = dict(model.named_modules())
+    blocks = list(scored[0][1])
+    taken = [(spans[u].first, spans[u].last) for u in blocks]
+    classes = {type(modules[u]) for u in blocks} if scored[0][0][0] else set()
+    for (covered, _, _), units in scored[1:]:
+        low, high = spans[units[0]].first, spans[units[-1]].last
+        same_kind = all(type(modules[u]) in classes for u in units)
+        if (covered or same_kind) and all(high < a or low > b for a, b in taken):
+            blocks += units
+            taken.append((low, high))
+    blocks.sort(key=lambda u: spans[u].first)
     layers = [LayerSpan("<pre>", "<pre>", 0, spans[blocks[0]].first)]
     for k, unit in enumerate(blocks):
         start = spans[unit].first

@@ -189,6 +189,9 @@ def trace(spec: Any, batch_size: int, seq_len: int | None = None, *,
         seq_len = default_seq_len(spec)
     model = build_model(spec, device="meta", dtype=dtype)
     batch = example_batch(spec, batch_size, seq_len, device="meta")
+    if dtype is not None:       # float inputs (pixels) in the compute dtype, as autocast would
+        batch = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                      else t for t in batch)
     graph = trace_module(model, batch, model_name=spec.name, fingerprint=spec.fingerprint(),
                          seq_len=seq_len)
     graph.trace_seconds = time.perf_counter() - t0
