@@ -137,9 +137,10 @@ def distribute_tp(model: nn.Module, plan: Plan, pm: ParallelMesh, prefix: str = 
         name = fqn.removeprefix(prefix)
         place = tp_placement(plan.param_placements, name)
         if not isinstance(place, Replicate):
-            if param.dim() <= place.dim or param.shape[place.dim] % pm.tp:
-                raise PlanError(f"field 'param_placements.{name}.tp': {place} of shape "
-                                f"{tuple(param.shape)} does not split into tp={pm.tp}")
+            # an uneven split (a dim smaller than tp) is a valid DTensor: its shards differ
+            if param.dim() <= place.dim:
+                raise PlanError(f"field 'param_placements.{name}.tp': {place} of a "
+                                f"{param.dim()}-d parameter")
             sharded += 1
         new = nn.Parameter(distribute_tensor(param.detach(), pm.tp_mesh, [place],
                                              src_data_rank=None),
@@ -169,18 +170,29 @@ class _DTensorForward(nn.Module):
         return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
+def _grads_like_params(model: nn.Module) -> None:
+    """Give every DTensor gradient its parameter's placements (the optimizer updates in
+    place, which DTensor allows only between tensors placed alike); DTensor may return a
+    gradient placed otherwise, e.g. for a parameter split unevenly."""
+    for param in model.parameters():
+        grad = param.grad
+        if isinstance(grad, DTensor) and isinstance(param, DTensor) \
+                and grad.placements != param.placements:
+            param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+
 def _check_tied_across_stages(model: nn.Module, pipe) -> None:
     """A weight shared by two stages (a tied LM head and input embedding) would become two
     copies trained apart: refuse it."""
     groups: dict[int, list[str]] = {}
     for fqn, param in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(param), []).append(fqn)
-    where: dict[str, int] = {}
+    where: dict[str, set[int]] = {}
     for i in range(pipe.num_stages):
         for fqn, _ in pipe.get_stage_module(i).named_parameters(remove_duplicate=False):
-            where.setdefault(fqn.removeprefix("module."), i)
+            where.setdefault(fqn.removeprefix("module."), set()).add(i)
     for names in groups.values():
-        stages = {where[n] for n in names if n in where}
+        stages = set().union(*(where.get(n, set()) for n in names))
         if len(names) > 1 and len(stages) > 1:
             raise PlanError(f"field 'stages': the tied weights {names} fall in pipeline "
                             f"stages {sorted(stages)}; untie them (tie_word_embeddings=False) "
@@ -335,6 +347,20 @@ class GenericModel:
             cls(stages[0], **kwargs)
         return modules, schedule
 
+    @contextlib.contextmanager
+    def _tp_errors(self):
+        """A forward DTensor cannot run (an op without a sharding rule, a view it cannot
+        express on the placements) is a plan the runtime cannot execute: say so."""
+        if self.plan.parallel.tp == 1:
+            yield
+            return
+        try:
+            yield
+        except (RuntimeError, NotImplementedError) as exc:
+            raise PlanError(f"field 'parallel.tp': tensor parallelism on DTensors cannot run "
+                            f"this model's forward ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:200]}); plan it with tp=1") from exc
+
     def backward_context(self):
         """Backward of a DTensor forward sees the plain tensors it saved (the targets):
         they count as replicated there too."""
@@ -371,11 +397,13 @@ class GenericModel:
         local = torch.zeros((), device=pm.device)
         for i in range(n):
             set_microbatch(self.root, zero=p.zero, last=i == n - 1)
-            with autocast:
+            with autocast, self._tp_errors():
                 loss = self.run(*rows(batch, i * per, (i + 1) * per, len(batch[0])))
             with self.backward_context():
                 (loss / n).backward()
             local += loss.detach().float() / n
+        if p.tp > 1:
+            _grads_like_params(self.root)
         return local
 
 

@@ -109,11 +109,13 @@ _HF_SIZES = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, vo
                  max_position_embeddings=64)
 
 
-def bert_mlm(layers: int = 2) -> nn.Module:
-    """A tiny ``BertForMaskedLM`` (masked LM: every position a target; dropout off)."""
+def bert_mlm(layers: int = 2, tied: bool = True) -> nn.Module:
+    """A tiny ``BertForMaskedLM`` (masked LM: every position a target; dropout off; the
+    decoder tied to the word embeddings as BERT ships, or not)."""
     import transformers
 
     cfg = transformers.BertConfig(num_hidden_layers=layers, hidden_dropout_prob=0.0,
+                                  tie_word_embeddings=tied,
                                   attention_probs_dropout_prob=0.0, **_HF_SIZES)
     return HFLoss(transformers.BertForMaskedLM(cfg), cfg.vocab_size)
 
@@ -192,7 +194,7 @@ def _parallelize_main(argv: list[str]) -> int:
             plan = Plan.load(path)
             batches = user_batches(plan.global_batch, steps)
             model, optimizer = autoplan.parallelize(
-                user_module(), plan, lambda params: torch.optim.AdamW(params, lr=1e-2),
+                user_module(), plan, lambda params: torch.optim.AdamW(params, lr=1e-3),
                 example_batch=batches[0])
             losses = []
             for batch in batches:
