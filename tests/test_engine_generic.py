@@ -53,7 +53,6 @@ WORLD2 = {
     "bert_untied_pp2_gpipe": ("bert_untied", dict(pp=2, schedule="gpipe",
                                                   num_micro_batches=2)),
     "t5_dp2_zero2": ("t5", dict(dp=2, zero=2)),
-    "t5_pp2_1f1b": ("t5", dict(pp=2, num_micro_batches=2)),
     "user_dp2_zero0_ckpt": ("user", dict(dp=2, zero=0, checkpoint=True)),
     "user_tp2": ("user", dict(tp=2)),
     "user_pp2_1f1b": ("user", dict(pp=2, num_micro_batches=2)),
@@ -103,6 +102,30 @@ def test_check_all_picks_the_generic_runtime_and_refuses_with_the_reason(tmp_pat
     with pytest.raises(PlanError, match=r"plan .*p\.json: field 'parallel.sequence_parallel'"):
         check_all(plan, str(path), world_size=2)
     check_all(_plan("user", tp=2), str(path), world_size=2)
+
+
+@pytest.mark.parametrize("factory, split", [("bert_mlm", "model.bert.encoder.layer.1"),
+                                              ("t5_seq2seq", "model.decoder.block.0")])
+def test_weights_tied_across_pipeline_stages_are_refused(factory, split):
+    """BERT's decoder is its word embedding; T5's encoder, decoder and head share one
+    embedding: two stages would train two copies apart."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    import engine_helpers
+    from engine.generic import _check_tied_across_stages, _FirstStageInputs
+
+    model = getattr(engine_helpers, factory)()
+    ids = torch.randint(0, 128, (2, 16))
+    pipe = pipeline(_FirstStageInputs(model), mb_args=(ids, ids),
+                    split_spec={f"module.{split}": SplitPoint.BEGINNING})
+    with pytest.raises(PlanError, match=r"field 'stages': the tied weights .* fall in "
+                                        r"pipeline stages \[0, 1\]"):
+        _check_tied_across_stages(model, pipe)
+    if factory == "bert_mlm":
+        untied = engine_helpers.bert_mlm(tied=False)
+        pipe = pipeline(_FirstStageInputs(untied), mb_args=(ids, ids),
+                        split_spec={f"module.{split}": SplitPoint.BEGINNING})
+        _check_tied_across_stages(untied, pipe)
 
 
 def test_loss_module_finds_the_loss():
