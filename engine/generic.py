@@ -232,16 +232,17 @@ def _contiguous_input_grads(_module, args):
 
 
 class _FirstStageInputs(nn.Module):
-    """Returns the loss as a (1,) tensor and feeds every batch tensor through the first stage: a schedule hands the batch to the
-    first stage only, so inputs read later (the labels of a loss in the last stage) must
-    leave the first stage as its outputs. The copies are ops before the first split point."""
+    """The model as the pipeline tracer sees it: every batch tensor goes through the first
+    stage (a schedule hands the batch to the first stage only, so inputs read later — the
+    labels of a loss in the last stage — must leave it as outputs; the copies are ops
+    before the first split point), and the loss comes back as a (1,) tensor (a schedule
+    concatenates the last stage's outputs over micro-batches)."""
 
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
 
     def forward(self, *batch):
-        # (1,), not a scalar: the schedule concatenates the last stage's outputs
         return self.module(*(t.clone() for t in batch)).reshape(1)
 
 
@@ -406,7 +407,3 @@ class GenericModel:
             _grads_like_params(self.root)
         return local
 
-
-def build_generic(model: nn.Module, plan: Plan, pm: ParallelMesh, *, precision: Precision,
-                  example: Sequence[torch.Tensor], prefix: str = "") -> GenericModel:
-    return GenericModel(model, plan, pm, precision=precision, example=example, prefix=prefix)

@@ -72,8 +72,12 @@ def test_runtime_choice_is_data():
     assert runtime_for(resolve("hf:llama", num_hidden_layers=1), plan) == "adapted"
     assert runtime_for(ModelSpec("builtin", "gpt", {}), plan) == "adapted"
     from engine.hf_arch import ARCHITECTURES
+    from engine.runtime import RUNTIMES, select
 
     assert sorted(ARCHITECTURES) == sorted(ADAPTED_HF)
+    gpt = make_plan()                                   # the built-in GPT: uniform runtime
+    assert select(gpt, ModelSpec.from_dict(gpt.model)) is RUNTIMES["uniform"]
+    assert select(plan, SPECS["user"]) is RUNTIMES["generic"]
 
 
 def test_capability_module_imports_no_engine():
