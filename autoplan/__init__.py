@@ -25,6 +25,7 @@ _LAZY = {
     "optimize": ("autoplan.api", "optimize"),
     "estimate": ("autoplan.api", "estimate"),
     "prepare": ("autoplan.api", "prepare"),
+    "parallelize": ("autoplan.parallelize", "parallelize"),
     "trace": ("autoplan.trace", None),   # the package, callable as autoplan.trace.trace
     "trace_module": ("autoplan.trace", "trace_module"),
     "load_cluster": ("autoplan.cluster", "load_cluster"),

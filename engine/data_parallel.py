@@ -42,9 +42,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def apply_dp(chunk: nn.Module, dp_mesh: DeviceMesh, *, zero: int, pipelined: bool,
-             mp_policy: MixedPrecisionPolicy) -> None:
-    """Wrap each block, then the chunk root, for ZeRO stage ``zero`` (see module table)."""
-    blocks = list(chunk.blocks.values()) if hasattr(chunk, "blocks") else []
+             mp_policy: MixedPrecisionPolicy, blocks: list[nn.Module] | None = None) -> None:
+    """Wrap each block, then the chunk root, for ZeRO stage ``zero`` (see module table).
+    ``blocks`` default to ``chunk.blocks`` (the built-in chunks), none without it."""
+    if blocks is None:
+        blocks = list(chunk.blocks.values()) if hasattr(chunk, "blocks") else []
     if zero == 0:
         for block in blocks:
             replicate(block, mesh=dp_mesh, mp_policy=mp_policy)

@@ -92,19 +92,11 @@ def _single_process_env() -> None:
 
 
 def make_trainer(plan: Plan, spec, cfg: RunConfig, device, *, source: str):
-    """The trainer for ``plan`` on this rank (collective: builds the meshes): the uniform
-    runtime's, or the per-op runtime's for a search plan that needs it
-    (:func:`engine.staged.runs_per_op`)."""
-    from engine.mesh import build_mesh
-    from engine.placements import build_stage_meshes
-    from engine.staged import StagedPlace, StagedTrainer, runs_per_op
-    from engine.train import Trainer
+    """The trainer for ``plan`` on this rank (collective: builds the meshes), from the
+    runtime :func:`engine.runtime.select` picks."""
+    from engine.runtime import make_trainer as runtime_trainer
 
-    if runs_per_op(plan, spec):
-        meshes = build_stage_meshes(plan, device.type)
-        return StagedTrainer(plan, spec, cfg, StagedPlace(plan, meshes, device), meshes,
-                             source=source)
-    return Trainer(plan, spec, cfg, build_mesh(plan, device, cfg.timeout_s), source=source)
+    return runtime_trainer(plan, spec, cfg, device, source=source)
 
 
 class _Phase:

@@ -57,17 +57,28 @@ class Trainer:
     def __init__(self, plan: Plan, spec: ModelSpec, cfg: RunConfig, pm: ParallelMesh, *,
                  source: str = "<plan>"):
         self.plan, self.spec, self.cfg, self.pm, self.source = plan, spec, cfg, pm, source
-        self.info = model_info(spec)
-        self.seq_len = plan.seq_len or self.info.max_seq_len
         self.precision, note = resolve_precision(plan, pm.device)
         if note:
             self.log(note)
         self.out_dir = Path(cfg.out_dir)
+        self._workload()
         self._build()
         self.optimizers = [torch.optim.AdamW(c.parameters(), lr=cfg.lr,
                                              betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                              weight_decay=cfg.weight_decay)
                            for c in self.chunks]
+        dtype_name = str(self.precision.compute).removeprefix("torch.")
+        self.peak = peak_flops(plan.cluster, dtype_name)
+        self.checkpointer = Checkpointer(self.out_dir / "checkpoints",
+                                         keep=cfg.checkpoint_keep, rank=pm.rank, plan=plan)
+        torch.manual_seed(_seed(cfg.seed, "dropout", pm.pp_rank, pm.dp_rank))
+
+    def _workload(self) -> None:
+        """The data source and the sizes the metrics need (``seq_len``, ``tokens_per_step``,
+        ``flops_per_step``)."""
+        plan, cfg = self.plan, self.cfg
+        self.info = model_info(self.spec)
+        self.seq_len = plan.seq_len or self.info.max_seq_len
         self.data = make_source(cfg.data, vocab_size=self.info.vocab_size,
                                 seq_len=self.seq_len, global_batch=plan.global_batch,
                                 seed=cfg.seed)
@@ -76,11 +87,6 @@ class Trainer:
             matmul_params=self.info.matmul_params, layers=self.info.layers,
             attention_width=self.info.attention_width, seq_len=self.seq_len) \
             * self.tokens_per_step
-        dtype_name = str(self.precision.compute).removeprefix("torch.")
-        self.peak = peak_flops(plan.cluster, dtype_name)
-        self.checkpointer = Checkpointer(self.out_dir / "checkpoints",
-                                         keep=cfg.checkpoint_keep, rank=pm.rank, plan=plan)
-        torch.manual_seed(_seed(cfg.seed, "dropout", pm.pp_rank, pm.dp_rank))
 
     def _build(self) -> None:
         """This rank's model chunks (``self.chunks``), the pipeline schedule and whether it

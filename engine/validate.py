@@ -1,5 +1,8 @@
 """Checks that run before any collective: does this plan fit this launch and this engine?
 
+:func:`check_all` runs the launch checks here, then the chosen runtime's own
+(:mod:`engine.runtime`).
+
 Every failure is a :class:`PlanError` whose message names the plan file and says what to do,
 e.g. ``plan plans/x.json was made for 4 ranks (mesh pp=1 dp=2 tp=2) but torchrun started 2;
 relaunch with --nproc_per_node=4``. They need no process group, so a mismatched launch fails
@@ -66,7 +69,6 @@ def check_model(plan: Plan, source: str) -> ModelSpec:
         raise PlanError(f"plan {source}: field 'model' hashes to fingerprint {got} but the plan "
                         f"was made for {plan.model_fingerprint} (was the model section edited?); "
                         "re-plan for this model")
-    model_lib.check_supported(spec)
     from autoplan.models.registry import build_model
 
     built = sum(p.numel() for p in build_model(spec, device="meta").parameters())
@@ -76,9 +78,9 @@ def check_model(plan: Plan, source: str) -> ModelSpec:
     return spec
 
 
-def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
-    """What this engine can execute: uniform stage submeshes on the standard layout,
-    shardable sizes, placements it can apply, supported precisions."""
+def check_standard_mesh(plan: Plan, source: str) -> None:
+    """The plan's mesh is the standard ``(pp, dp, tp)`` one and every stage sits on its
+    pipeline rank's ``(dp, tp)`` submesh (:mod:`engine.mesh`)."""
     p = plan.parallel
     if tuple(plan.mesh.axis_names) != ("pp", "dp", "tp"):
         raise PlanError(f"plan {source}: field 'mesh.axis_names' must be ['pp', 'dp', 'tp'], "
@@ -97,6 +99,14 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
             raise PlanError(f"plan {source}: field 'stages[{st.index}].mesh_shape' is "
                             f"{list(st.mesh_shape)}; the engine needs every stage on a "
                             f"(dp, tp) = {[p.dp, p.tp]} submesh")
+
+
+def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
+    """What the uniform runtime can execute: uniform stage submeshes on the standard layout,
+    shardable sizes, placements it can apply, supported precisions."""
+    p = plan.parallel
+    model_lib.check_supported(spec)
+    check_standard_mesh(plan, source)
     names = [n for st in plan.stages for n in st.layer_names]
     if len(names) != len(set(names)):
         raise PlanError(f"plan {source}: field 'stages': a layer appears in two stages")
@@ -153,10 +163,7 @@ def check_all(plan: Plan, source: str, *, world_size: int,
     check_world(plan, source, world_size=world_size, local_world_size=local_world_size)
     check_device(plan, source, local_world_size=local_world_size)
     spec = check_model(plan, source)
-    from engine.staged import check_staged_support, runs_per_op
+    from engine.runtime import select
 
-    if runs_per_op(plan, spec):
-        check_staged_support(plan, spec, source)
-    else:
-        check_engine_support(plan, spec, source)
+    select(plan, spec).check(plan, spec, source)
     return spec

@@ -7,6 +7,8 @@ from the tracer's tensor-parallel roles), so the engine runs what the planner wr
 ``torchrun ... tests/engine_helpers.py OUT [options] -- PLAN...`` trains several plans of one
 world size in a single launch (one process group; each plan gets its own mesh and writes
 ``OUT/<plan stem>/``), which keeps the multi-process tests fast on a small machine.
+``torchrun ... tests/engine_helpers.py parallelize OUT STEPS PLAN...`` is a user's own
+training script around :func:`autoplan.parallelize` instead.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
+import torch.nn as nn
 
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import ParallelConfig, Plan, Prediction
@@ -82,6 +87,49 @@ def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool 
     return plan
 
 
+class HFLoss(nn.Module):
+    """A Hugging Face model of any task as a user would bring it (``import:``):
+    ``forward(input_ids, labels) -> loss`` and ``example_batch``, nothing else."""
+
+    def __init__(self, model: nn.Module, vocab_size: int):
+        super().__init__()
+        self.model, self.vocab_size = model, vocab_size
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss \
+            if self.model.config.is_encoder_decoder else \
+            self.model(input_ids=input_ids, labels=labels).loss
+
+    def example_batch(self, batch_size, seq_len, device):
+        ids = torch.randint(0, self.vocab_size, (batch_size, seq_len or 16), device=device)
+        return ids, ids
+
+
+_HF_SIZES = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, vocab_size=128,
+                 max_position_embeddings=64)
+
+
+def bert_mlm(layers: int = 2, tied: bool = True) -> nn.Module:
+    """A tiny ``BertForMaskedLM`` (masked LM: every position a target; dropout off; the
+    decoder tied to the word embeddings as BERT ships, or not)."""
+    import transformers
+
+    cfg = transformers.BertConfig(num_hidden_layers=layers, hidden_dropout_prob=0.0,
+                                  tie_word_embeddings=tied,
+                                  attention_probs_dropout_prob=0.0, **_HF_SIZES)
+    return HFLoss(transformers.BertForMaskedLM(cfg), cfg.vocab_size)
+
+
+def t5_seq2seq(layers: int = 2) -> nn.Module:
+    """A tiny ``T5ForConditionalGeneration`` (encoder-decoder; labels are the inputs)."""
+    import transformers
+
+    cfg = transformers.T5Config(num_layers=layers, num_decoder_layers=layers, d_model=32,
+                                d_kv=8, num_heads=4, d_ff=64, vocab_size=128, dropout_rate=0.0,
+                                decoder_start_token_id=0, pad_token_id=0)
+    return HFLoss(transformers.T5ForConditionalGeneration(cfg), cfg.vocab_size)
+
+
 def engine_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
@@ -116,8 +164,55 @@ def max_rel_diff(a: dict[int, float], b: dict[int, float]) -> float:
     return max(abs(a[k] - b[k]) / abs(b[k]) for k in a)
 
 
+def user_batches(global_batch: int, steps: int) -> list[tuple]:
+    """The batches of the ``parallelize`` runs and their one-process reference."""
+    out = []
+    for t in range(steps):
+        gen = torch.Generator().manual_seed(1000 + t)
+        out.append((torch.randn(global_batch, 16, generator=gen),
+                    torch.randn(global_batch, generator=gen)))
+    return out
+
+
+def user_module() -> nn.Module:
+    """The user's own module of the ``parallelize`` tests, with its own initial weights."""
+    from user_model import build
+
+    torch.manual_seed(0)
+    return build(width=32, depth=4)
+
+
+def _parallelize_main(argv: list[str]) -> int:
+    """torchrun entry: ``parallelize OUT STEPS PLAN...`` -- a user's training loop around
+    ``autoplan.parallelize``; rank 0 writes each plan's losses to ``OUT/<stem>.json``."""
+    import autoplan
+    import torch.distributed as dist
+
+    out, steps, plan_paths = Path(argv[0]), int(argv[1]), argv[2:]
+    try:
+        for path in plan_paths:
+            plan = Plan.load(path)
+            batches = user_batches(plan.global_batch, steps)
+            model, optimizer = autoplan.parallelize(
+                user_module(), plan, lambda params: torch.optim.AdamW(params, lr=1e-3),
+                example_batch=batches[0])
+            losses = []
+            for batch in batches:
+                losses.append(model.step(batch))
+                optimizer.step()
+                optimizer.zero_grad()
+            if dist.get_rank() == 0:
+                (out / f"{Path(path).stem}.json").write_text(json.dumps(losses))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
 def _main(argv: list[str]) -> int:
     """torchrun entry: ``OUT [engine options] -- PLAN...``."""
+    if argv and argv[0] == "parallelize":
+        return _parallelize_main(argv[1:])
     from engine.config import RunConfig
     from engine.run import build_parser, execute
 
