@@ -16,9 +16,8 @@ import pytest
 
 from autoplan.errors import AutoplanError
 from autoplan.graph import OpNode, TensorMeta
-from autoplan.profile.fit import (MB, AlphaBeta, bus_factor, fit_alpha_beta, fit_link_points,
-                                  max_relative_error)
-from autoplan.profile.store import (LinkPoint, LinkProfile, OpEntry, OpProfile, ProfileError,
+from autoplan.profile.fit import MB, AlphaBeta, bus_factor, fit_alpha_beta, max_relative_error
+from autoplan.profile.store import (LinkPoint, fit_link_points, LinkProfile, OpEntry, OpProfile, ProfileError,
                                     add_op_entries)
 
 REPO = Path(__file__).resolve().parents[1]

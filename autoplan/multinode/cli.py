@@ -18,7 +18,7 @@ import json
 import sys
 
 from autoplan.multinode.torchrun import DEFAULT_PORT, RENDEZVOUS
-from autoplan.workflow_cli import add_plan_command
+from autoplan.plan_command import add_plan_command
 
 
 def add_launch_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -196,39 +196,3 @@ def segmented_error(segments: list[SegmentFit], collective: str, nbytes: np.ndar
             pred = float(segment_for(segments, b).fit.predict(collective, b, n))
             worst = max(worst or 0.0, abs(pred - t) / t)
     return worst
-
-
-def fit_link_points(points, source: str) -> tuple[list, list[str]]:
-    """Fits for measured :class:`~autoplan.profile.store.LinkPoint` s: one per
-    (collective, level, group size) and one pooled per (collective, level) — the pooled fit
-    is what ``LinkProfile.fitted_table`` hands the cost model — each with its piecewise
-    refinement (:func:`fit_segments`) and the max relative errors of both on its own points
-    of >= 1 MB. Returns (fits, problems): a set of points that no bandwidth fits (time flat
-    in size: too few or too small messages) is reported, not fitted."""
-    from autoplan.profile.store import LinkFit, LinkSegment
-
-    groups: dict[tuple[str, str, int | None], list] = {}
-    for p in points:
-        groups.setdefault((p.collective, p.level, p.group_size), []).append(p)
-        groups.setdefault((p.collective, p.level, None), []).append(p)
-    fits, problems = [], []
-    for (collective, level, n), pts in sorted(groups.items(), key=lambda kv: (
-            kv[0][0], kv[0][1], kv[0][2] or 0)):
-        b = np.array([p.bytes for p in pts], dtype=float)
-        g = np.array([p.group_size for p in pts])
-        t = np.array([p.time_s for p in pts], dtype=float)
-        try:
-            ab = fit_alpha_beta(collective, b, g, t)
-        except AutoplanError as exc:
-            problems.append(f"{level} group size {n or 'all'}: {exc}")
-            continue
-        segs = fit_segments(collective, b, g, t)
-        fits.append(LinkFit(
-            collective=collective, level=level, group_size=n, alpha_s=ab.alpha_s,
-            busbw_gbps=ab.busbw_gbps, points=len(pts),
-            max_rel_err_ge_1mb=max_relative_error(ab, collective, b, g, t), source=source,
-            segments=tuple(LinkSegment(s.min_bytes, s.max_bytes, s.fit.alpha_s,
-                                       s.fit.busbw_gbps) for s in segs) if len(segs) > 1 else (),
-            segments_max_rel_err_ge_1mb=segmented_error(segs, collective, b, g, t)
-            if len(segs) > 1 else None))
-    return fits, problems

@@ -64,10 +64,11 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from autoplan.profile.fit import bus_factor, fit_link_points
-from autoplan.profile.timing import _time_block
+from autoplan.profile.fit import bus_factor
 from autoplan.profile.store import (COLLECTIVES, LinkPoint, LinkProfile, ProfileError,
-                                    measured_provenance, source_id, update_link_profile)
+                                    fit_link_points, measured_provenance, source_id,
+                                    update_link_profile)
+from autoplan.profile.timing import time_block
 
 KiB, MiB = 1 << 10, 1 << 20
 CPU_MAX_BYTES = 32 * MiB
@@ -188,7 +189,7 @@ def _bench_block(group: Group, collective: str, sizes: list[int], share: float,
         fn, nbytes = _collective(collective, size, group, cfg, device)
         once = math.inf
         for _ in range(max(1, cfg.warmup)):
-            once = min(once, _time_block(fn, device, 1))
+            once = min(once, time_block(fn, device, 1))
         once = _agree(once, group, device)
         inner = int(min(1000, max(1, math.ceil(cfg.min_rep_s / max(once, 1e-9)))))
         cost = once * (cfg.warmup + cfg.repeats * inner)
@@ -200,7 +201,7 @@ def _bench_block(group: Group, collective: str, sizes: list[int], share: float,
     for _ in range(cfg.repeats):
         for i, (fn, _nbytes, inner) in enumerate(plan):
             dist.barrier(group=group.handle)
-            times[i].append(_agree(_time_block(fn, device, inner) / inner, group, device))
+            times[i].append(_agree(time_block(fn, device, inner) / inner, group, device))
     out = []
     if dist.get_rank() == group.ranks[0]:
         for (_fn, nbytes, _inner), ts in zip(plan, times):

@@ -53,7 +53,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
+
+from autoplan.errors import AutoplanError
 from autoplan.graph import TensorMeta
+from autoplan.profile.fit import (bus_factor, fit_alpha_beta, fit_segments, max_relative_error,
+                                  segmented_error)
 from autoplan.profile.files import (PROFILE_VERSION, Checker, ProfileError, device_slug,
                                     locked_update, measured_provenance, read_json, source_id)
 
@@ -303,8 +308,6 @@ class LinkProfile:
         """Seconds for one ``collective`` of ``nbytes`` (nccl-tests size) over ``group_size``,
         by the fit for that group size (else the pooled one), piecewise where it has
         segments unless ``segmented=False``."""
-        from autoplan.profile.fit import bus_factor
-
         alpha, busbw = self.fit_for(collective, level, group_size).line_for(
             nbytes, segmented=segmented)
         return alpha + nbytes * bus_factor(collective, group_size) / (busbw * 1e9)
@@ -421,3 +424,37 @@ def update_link_profile(path: str | os.PathLike,
         return change(prof).to_dict()
 
     return LinkProfile.from_dict(locked_update(path, apply), source=str(path))
+
+
+def fit_link_points(points, source: str) -> tuple[list, list[str]]:
+    """Fits for measured :class:`LinkPoint` s: one per
+    (collective, level, group size) and one pooled per (collective, level) — the pooled fit
+    is what ``LinkProfile.fitted_table`` hands the cost model — each with its piecewise
+    refinement (:func:`fit_segments`) and the max relative errors of both on its own points
+    of >= 1 MB. Returns (fits, problems): a set of points that no bandwidth fits (time flat
+    in size: too few or too small messages) is reported, not fitted."""
+    groups: dict[tuple[str, str, int | None], list] = {}
+    for p in points:
+        groups.setdefault((p.collective, p.level, p.group_size), []).append(p)
+        groups.setdefault((p.collective, p.level, None), []).append(p)
+    fits, problems = [], []
+    for (collective, level, n), pts in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], kv[0][1], kv[0][2] or 0)):
+        b = np.array([p.bytes for p in pts], dtype=float)
+        g = np.array([p.group_size for p in pts])
+        t = np.array([p.time_s for p in pts], dtype=float)
+        try:
+            ab = fit_alpha_beta(collective, b, g, t)
+        except AutoplanError as exc:
+            problems.append(f"{level} group size {n or 'all'}: {exc}")
+            continue
+        segs = fit_segments(collective, b, g, t)
+        fits.append(LinkFit(
+            collective=collective, level=level, group_size=n, alpha_s=ab.alpha_s,
+            busbw_gbps=ab.busbw_gbps, points=len(pts),
+            max_rel_err_ge_1mb=max_relative_error(ab, collective, b, g, t), source=source,
+            segments=tuple(LinkSegment(s.min_bytes, s.max_bytes, s.fit.alpha_s,
+                                       s.fit.busbw_gbps) for s in segs) if len(segs) > 1 else (),
+            segments_max_rel_err_ge_1mb=segmented_error(segs, collective, b, g, t)
+            if len(segs) > 1 else None))
+    return fits, problems

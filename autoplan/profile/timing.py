@@ -59,12 +59,12 @@ def time_fn(fn: Callable[[], Any], device: torch.device, cfg: TimingConfig) -> l
     """Per-call seconds of ``fn`` for each of ``cfg.repeats`` repetitions."""
     once = math.inf
     for _ in range(max(1, cfg.warmup)):
-        once = min(once, _time_block(fn, device, 1))
+        once = min(once, time_block(fn, device, 1))
     inner = int(min(MAX_INNER, max(1, math.ceil(cfg.min_rep_s / max(once, 1e-9)))))
-    return [_time_block(fn, device, inner) / inner for _ in range(cfg.repeats)]
+    return [time_block(fn, device, inner) / inner for _ in range(cfg.repeats)]
 
 
-def _time_block(fn: Callable[[], Any], device: torch.device, inner: int) -> float:
+def time_block(fn: Callable[[], Any], device: torch.device, inner: int) -> float:
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize(device)

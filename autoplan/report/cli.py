@@ -16,7 +16,7 @@ import json
 import sys
 
 from autoplan.errors import ConfigError
-from autoplan.workflow_cli import add_plan_command
+from autoplan.plan_command import add_plan_command
 
 
 def add_report_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

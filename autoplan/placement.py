@@ -1,0 +1,129 @@
+"""Placements of a tensor along one mesh axis: the one parser and formatter. Torch-free.
+
+A placement says how a tensor is laid out along one axis of a device mesh (DTensor's
+vocabulary, torch.distributed.tensor): replicated, sharded along a tensor dimension, or a
+partial sum still to be reduced. Two spellings exist and both are parsed here:
+
+==================  =============  =========================================================
+plan (JSON)         compact        meaning
+==================  =============  =========================================================
+``Replicate()``     ``R``          every device of the axis holds the whole tensor
+``Shard(d)``        ``S<d>``       dimension ``d`` split in contiguous blocks along the axis
+``_StridedShard(d)``  ``S<d>~k``   dimension ``d`` (a flattened one, e.g. batch x heads)
+                                   split along its inner factor ``k``; activations only
+``Partial()``       ``P``          each device holds a summand (``Partial(avg)`` too)
+==================  =============  =========================================================
+
+The plan writes the first column (:func:`plan_text`); the search works on the second
+(:func:`compact`); the engine turns a :class:`Placement` into DTensor's objects
+(``engine.placements.to_dtensor``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+REPLICATE, SHARD, PARTIAL = "R", "S", "P"
+
+_PLAN = re.compile(r"^(Replicate|Shard|Partial|_StridedShard)\(\s*([A-Za-z]*|-?\d+)"
+                   r"(?:\s*,\s*(?:split_factor\s*=\s*)?(\d+))?\s*\)$")
+_COMPACT = re.compile(r"^(R|P|S(\d+)(?:~(\d+))?)$")
+_REDUCE_OPS = ("", "sum", "avg")
+
+
+class PlacementError(ValueError):
+    """A placement string that is not one; the message names where it was found."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    kind: str                      # "R", "S" or "P"
+    dim: int | None = None         # the sharded tensor dimension (kind "S")
+    split: int | None = None       # inner factor of a strided shard
+    reduce: str = "sum"            # Partial's reduction
+
+    @property
+    def is_shard(self) -> bool:
+        return self.kind == SHARD
+
+    @property
+    def strided(self) -> bool:
+        return self.split is not None
+
+
+def parse(text: str, where: str = "placement", *, partial: bool = True,
+          strided: bool = True) -> Placement:
+    """Either spelling -> :class:`Placement`; ``where`` names the field in the error.
+    ``partial`` / ``strided`` False refuse those kinds (a parameter is never stored as a
+    partial sum or a strided shard)."""
+    if not isinstance(text, str):
+        raise PlacementError(f"{where}: {text!r} is not a placement string")
+    s = text.strip()
+    m = _COMPACT.match(s)
+    if m:
+        if s == "R":
+            p = Placement(REPLICATE)
+        elif s == "P":
+            p = Placement(PARTIAL)
+        else:
+            p = Placement(SHARD, int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+    else:
+        m = _PLAN.match(s)
+        if m is None:
+            raise PlacementError(f"{where}: {text!r} is not a placement (Replicate(), "
+                                 "Shard(d), Partial() or _StridedShard(d))")
+        kind, arg, factor = m.groups()
+        if kind == "Replicate" and not arg and not factor:
+            p = Placement(REPLICATE)
+        elif kind == "Partial" and arg in _REDUCE_OPS and not factor:
+            p = Placement(PARTIAL, reduce=arg or "sum")
+        elif kind in ("Shard", "_StridedShard") and arg.lstrip("-").isdigit():
+            if int(arg) < 0:
+                raise PlacementError(f"{where}: {text!r} shards a negative dimension")
+            if kind == "Shard" and factor:
+                raise PlacementError(f"{where}: {text!r}: Shard takes one argument")
+            p = Placement(SHARD, int(arg), int(factor) if factor else
+                          (0 if kind == "_StridedShard" else None))
+        else:
+            raise PlacementError(f"{where}: {text!r} is not a placement (Replicate(), "
+                                 "Shard(d), Partial() or _StridedShard(d))")
+    if p.kind == PARTIAL and not partial:
+        raise PlacementError(f"{where}: {text!r}: a partial sum is not allowed here")
+    if p.strided and not strided:
+        raise PlacementError(f"{where}: {text!r}: a strided shard is not allowed here")
+    return p
+
+
+def compact(p: Placement) -> str:
+    """``R``, ``P``, ``S<d>`` or ``S<d>~k`` (the search's spelling)."""
+    if p.kind == SHARD:
+        return f"S{p.dim}" + (f"~{p.split}" if p.strided else "")
+    return p.kind
+
+
+def plan_text(p: Placement) -> str:
+    """The plan's DTensor spelling: ``Replicate()``, ``Shard(d)``, ``Partial()``,
+    ``_StridedShard(d)`` (the inner factor is the search's business; the plan records only
+    that the rows are not a contiguous block)."""
+    if p.kind == REPLICATE:
+        return "Replicate()"
+    if p.kind == PARTIAL:
+        return "Partial()" if p.reduce == "sum" else f"Partial({p.reduce})"
+    return f"_StridedShard({p.dim})" if p.strided else f"Shard({p.dim})"
+
+
+def to_plan_text(text: str, where: str = "placement") -> str:
+    """Normalise either spelling to the plan's."""
+    return plan_text(parse(text, where))
+
+
+def to_compact(text: str, where: str = "placement") -> str:
+    """Normalise either spelling to the compact one."""
+    return compact(parse(text, where))
+
+
+def shard_dim(text: str) -> int | None:
+    """The tensor dimension a placement (either spelling) shards, or None."""
+    p = parse(text)
+    return p.dim if p.is_shard else None

@@ -1,0 +1,90 @@
+"""Training precisions: the one table of what each name means. Torch-free.
+
+A precision name (``--precision``, ``Problem.precision``, the cost model) stands for the
+dtypes a step uses; a plan records the dtypes themselves (``plan.precision``: ``params``,
+``compute``, ``reduce``). Everything translating between the two goes through here.
+
+==============  ========  ========  ========  =========================  ===================
+name            compute   params    reduce    bytes / parameter          loss scaling
+                                              (weights, grads, Adam)
+==============  ========  ========  ========  =========================  ===================
+``mixed``       bfloat16  float32   float32   2 + 2 + 12 = 16            no
+``mixed-fp16``  float16   float32   float32   2 + 2 + 12 = 16            yes (dynamic)
+``fp32``        float32   float32   float32   4 + 4 + 8 = 16             no
+==============  ========  ========  ========  =========================  ===================
+
+Mixed precision keeps a low-precision copy of the weights for compute, low-precision
+gradients, and fp32 master weights plus Adam's two moments as optimizer state: 2 + 2 + 12
+bytes per parameter (ZeRO, Rajbhandari et al. 2019, sec. 3.1, K = 12). fp16 needs dynamic loss
+scaling (Micikevicius et al. 2018, "Mixed Precision Training") and is what devices without
+bfloat16 (V100) train in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    compute: str                   # dtype of matmuls and activations
+    params: str = "float32"        # master weights
+    reduce: str = "float32"        # gradient reduction
+    loss_scaling: bool = False
+
+    @property
+    def compute_bytes(self) -> int:
+        return DTYPE_BYTES[self.compute]
+
+    @property
+    def state_bytes(self) -> tuple[int, int, int]:
+        """Bytes per parameter of (weights as computed with, gradients, optimizer states)."""
+        if self.compute == "float32":
+            return 4, 4, 8            # fp32 weights and grads, Adam's two moments
+        return 2, 2, 12              # + fp32 master copy in the optimizer state
+
+    @property
+    def mixed(self) -> bool:
+        return self.compute != "float32"
+
+    def plan_dict(self) -> dict[str, str]:
+        """What a plan's ``precision`` field records."""
+        return {"params": self.params, "compute": self.compute, "reduce": self.reduce}
+
+
+PRECISIONS = {p.name: p for p in (
+    Precision("mixed", "bfloat16"),
+    Precision("mixed-fp16", "float16", loss_scaling=True),
+    Precision("fp32", "float32"),
+)}
+
+
+def precision(name: str, where: str = "precision") -> Precision:
+    """The precision called ``name``; ValueError naming ``where`` otherwise."""
+    if not isinstance(name, str) or name not in PRECISIONS:
+        raise ValueError(f"{where}: must be one of {', '.join(PRECISIONS)}, got {name!r}")
+    return PRECISIONS[name]
+
+
+def from_dtype(compute: str) -> Precision:
+    """The precision whose compute dtype is ``compute`` ('torch.bfloat16' or 'bfloat16')."""
+    dtype = str(compute).removeprefix("torch.")
+    for p in PRECISIONS.values():
+        if p.compute == dtype:
+            return p
+    raise ValueError(f"no training precision computes in {compute!r}")
+
+
+def from_plan(d: dict) -> Precision:
+    """A plan's ``precision`` dict -> its :class:`Precision` (by the compute dtype)."""
+    return from_dtype(d.get("compute", "float32"))
+
+
+def default_for(device_name: str, *, bf16: bool = True) -> Precision:
+    """fp32 on CPU ranks; bf16 mixed precision on GPUs that have bf16, fp16 otherwise."""
+    if device_name.lower().startswith("cpu"):
+        return PRECISIONS["fp32"]
+    return PRECISIONS["mixed" if bf16 else "mixed-fp16"]
