@@ -32,6 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from autoplan.models.moe import MoE
+
 
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig:
@@ -48,12 +50,21 @@ class GPTConfig:
     tie_embeddings: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Mixture of experts (autoplan.models.moe): experts > 0 replaces every block's MLP by
+    # `experts` SwiGLU experts of width expert_ffn (None: ffn), top_k of them per token,
+    # plus shared_experts always-on ones; capacity_factor sizes each expert's token slots.
+    experts: int = 0
+    top_k: int = 2
+    expert_ffn: int | None = None
+    shared_experts: int = 0
+    capacity_factor: float = 1.0
 
     def __post_init__(self) -> None:
         from autoplan.errors import ConfigError
         from autoplan.models.registry import MAX_LAYERS, check_config_types
 
-        check_config_types(self, bounds={"layers": (1, MAX_LAYERS)})
+        check_config_types(self, bounds={"layers": (1, MAX_LAYERS), "experts": (0, 1 << 16),
+                                          "shared_experts": (0, 1 << 16)})
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}",
                               field="model.dropout")
@@ -69,6 +80,12 @@ class GPTConfig:
                               field="model.kv_heads")
         if self.style not in ("gpt", "llama"):
             raise ConfigError(f"style must be 'gpt' or 'llama', got {self.style!r}", field="model.style")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ConfigError(f"top_k must be in [1, experts={self.experts}], got {self.top_k}",
+                              field="model.top_k")
+        if not (self.capacity_factor > 0 and math.isfinite(self.capacity_factor)):
+            raise ConfigError(f"capacity_factor must be a positive number, got "
+                              f"{self.capacity_factor}", field="model.capacity_factor")
         if self.attention not in ("eager", "sdpa"):
             raise ConfigError(f"attention must be 'eager' or 'sdpa', got {self.attention!r}",
                               field="model.attention")
@@ -86,6 +103,10 @@ class GPTConfig:
         # Llama: 2/3 of 4h, rounded up to a multiple of 256
         return 256 * math.ceil(int(8 * self.hidden / 3) / 256)
 
+    @property
+    def moe_ffn(self) -> int:
+        return self.expert_ffn or self.ffn
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -95,8 +116,9 @@ class GPTConfig:
 
         return config_from_dict(cls, d, "GPT")
 
-    def num_params(self) -> int:
-        """Closed-form parameter count (used to cross-check the tracer)."""
+    def num_params(self, *, active: bool = False) -> int:
+        """Closed-form parameter count (used to cross-check the tracer); with ``active``,
+        the parameters one token uses (``top_k`` of the routed experts)."""
         h, f, v = self.hidden, self.ffn, self.vocab_size
         kv = (self.kv_heads or self.heads) * self.head_dim
         bias = self.style == "gpt"
@@ -107,6 +129,9 @@ class GPTConfig:
         else:
             mlp = 3 * h * f
             norms = 2 * h
+        if self.experts:
+            routed = self.top_k if active else self.experts
+            mlp = h * self.experts + 3 * h * self.moe_ffn * (routed + self.shared_experts)
         block = attn + mlp + norms
         emb = v * h + (self.seq_len * h if self.style == "gpt" else 0)
         final_norm = 2 * h if self.style == "gpt" else h
@@ -206,7 +231,9 @@ class Block(nn.Module):
         self.norm1 = _norm(cfg)
         self.attn = Attention(cfg)
         self.norm2 = _norm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg.hidden, cfg.moe_ffn, cfg.experts, cfg.top_k,
+                       capacity_factor=cfg.capacity_factor, shared=cfg.shared_experts
+                       ) if cfg.experts else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -242,7 +269,7 @@ class GPT(nn.Module):
             fill = 0.0 if name.endswith("bias") else 1.0
             return torch.full(tuple(shape), fill, dtype=torch.float32)
         std = 0.02
-        if name.endswith(("o.weight", "fc2.weight", "down.weight")):
+        if name.endswith(("o.weight", "fc2.weight", "down.weight", "mlp.down")):
             std = 0.02 / math.sqrt(2 * self.cfg.layers)
         return torch.randn(tuple(shape), generator=generator, dtype=torch.float32) * std
 

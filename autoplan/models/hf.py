@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import ConfigError
+from autoplan.models.moe import use_capacity_experts
 from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, ModelSpec
 
 _ATTN = ("eager", "sdpa")
@@ -99,10 +100,15 @@ def _check_sizes(config_class: type, values: dict[str, Any], source: str) -> Non
                                   source=source, field=f"model.config.{key}")
 
 
+_READ_WITH_FALLBACK = {"head_dim"}
+
+
 def _check_keys(model_type: str, overrides: dict[str, Any], source: str) -> None:
     default = _config(model_type, {}, source=source)
     known = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
-    unknown = sorted(set(overrides) - known)
+    # keys modelling code reads with a fallback, absent from some configs' defaults
+    # (Qwen3-MoE's head_dim: getattr(config, "head_dim", hidden // heads))
+    unknown = sorted(set(overrides) - known - _READ_WITH_FALLBACK)
     if unknown:
         raise ConfigError(f"unknown {model_type} config key(s) {unknown}; see "
                           f"{type(default).__name__} for the fields", source=source,
@@ -140,6 +146,7 @@ def hf_config(spec: ModelSpec):
     values = {k: v for k, v in spec.config.items() if k != "attn_implementation"}
     config = _config(spec.name, values)
     config.loss_type = "ForCausalLM"
+    use_capacity_experts(config)          # MoE: routing with static shapes (models/moe.py)
     return config
 
 

@@ -152,6 +152,8 @@ def register_family(name: str, family: BuiltinFamily) -> None:
 
 
 def register_preset(name: str, family: str, config: dict) -> None:
+    """``family``: a built-in family, or ``hf:<model_type>`` for a Hugging Face
+    architecture (``config`` its config values)."""
     _PRESETS[name] = (family, dict(config))
 
 
@@ -174,6 +176,10 @@ def resolve(name: str, **overrides: Any) -> ModelSpec:
         return ModelSpec("import", target, dict(overrides))
     if name in _PRESETS:
         family, config = _PRESETS[name]
+        if family.startswith("hf:"):          # a preset of a Hugging Face architecture
+            from autoplan.models import hf
+
+            return hf.resolve(family[3:], **{**config, **overrides})
         return ModelSpec("builtin", family, {**config, **overrides})
     if name in _FAMILIES:
         return ModelSpec("builtin", name, dict(overrides))
