@@ -73,13 +73,29 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, transposed
     return y if b is None else y + b.unsqueeze(1)
 
 
+def _exchange(x: torch.Tensor, group) -> torch.Tensor:
+    """All-to-all of ``x`` along dim 0 over ``group`` (differentiable: its backward is the
+    reverse all-to-all)."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    return all_to_all_single(torch.empty_like(x), x.contiguous(), group=group)
+
+
 def capacity_forward(hidden: torch.Tensor, top_k_index: torch.Tensor,
                      top_k_weights: torch.Tensor, *, experts: int, capacity_factor: float,
                      up: torch.Tensor, down: torch.Tensor, apply_gate,
                      up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
-                     transposed: bool = False, post=None) -> torch.Tensor:
+                     transposed: bool = False, post=None, ep_group=None) -> torch.Tensor:
     """The experts' output ``(T, h)`` for ``hidden`` ``(T, h)`` routed to ``top_k_index``
-    with ``top_k_weights`` (both ``(T, k)``): see the module docstring."""
+    with ``top_k_weights`` (both ``(T, k)``): see the module docstring.
+
+    Expert parallelism (``ep_group`` of ``ep`` ranks, GShard sec. 2.2; Megatron-LM and
+    torchtitan fold it into data parallelism): ``up``/``down`` hold this rank's ``E / ep``
+    experts; the ``(E, C, h)`` buffer of this rank's tokens is exchanged by an all-to-all
+    (expert block ``j`` to rank ``j``), the local experts run on the ``ep · C`` slots every
+    rank sent them, and a second all-to-all brings the outputs home (*dispatch* and
+    *combine*: each moves ``k · C_f · T · h`` elements per rank and direction, the same
+    again in backward)."""
     tokens, h = hidden.shape
     k = top_k_index.shape[-1]
     cap = capacity(tokens, experts, k, capacity_factor)
@@ -87,9 +103,17 @@ def capacity_forward(hidden: torch.Tensor, top_k_index: torch.Tensor,
     pairs = hidden.repeat_interleave(k, dim=0)                      # (S, h)
     buf = hidden.new_zeros(experts * cap + 1, h).index_put((slot,), pairs)
     x = buf[:-1].view(experts, cap, h)
+    if ep_group is not None:
+        ep = ep_group.size()
+        local = experts // ep
+        x = _exchange(x, ep_group).view(ep, local, cap, h).transpose(0, 1).reshape(
+            local, ep * cap, h)
     y = _linear(apply_gate(_linear(x, up, up_bias, transposed)), down, down_bias, transposed)
     if post is not None:
         y = post(y)
+    if ep_group is not None:
+        y = _exchange(y.view(local, ep, cap, h).transpose(0, 1).reshape(experts, cap, h),
+                      ep_group)
     out = torch.cat([y.reshape(experts * cap, h), y.new_zeros(1, h)])[slot]   # (S, h)
     w = (top_k_weights.reshape(-1) * kept).to(out.dtype).unsqueeze(-1)
     return (out * w).view(tokens, k, h).sum(1).to(hidden.dtype)
@@ -160,6 +184,7 @@ class MoE(nn.Module):
                  capacity_factor: float = 1.0, shared: int = 0):
         super().__init__()
         self.experts, self.top_k, self.capacity_factor = experts, top_k, capacity_factor
+        self.ep_group = None
         self.router = nn.Linear(hidden, experts, bias=False)
         self.gate_up = nn.Parameter(torch.empty(experts, 2 * ffn, hidden))
         self.down = nn.Parameter(torch.empty(experts, hidden, ffn))
@@ -169,6 +194,20 @@ class MoE(nn.Module):
                 "gate": nn.Linear(hidden, shared * ffn, bias=False),
                 "up": nn.Linear(hidden, shared * ffn, bias=False),
                 "down": nn.Linear(shared * ffn, hidden, bias=False)})
+
+    def shard_experts(self, group) -> None:
+        """Expert parallelism over ``group``: keep this rank's ``E / ep`` experts (dim 0 of
+        the expert weights, contiguous blocks: rank ``r`` holds experts ``r E/ep ..``); the
+        forward then exchanges tokens by all-to-all (:func:`capacity_forward`)."""
+        ep, rank = group.size(), group.rank()
+        if self.experts % ep:
+            raise ValueError(f"{self.experts} experts do not split over {ep} ranks")
+        local = self.experts // ep
+        for name in ("gate_up", "down"):
+            full = getattr(self, name)
+            setattr(self, name, nn.Parameter(full.detach()[rank * local:(rank + 1) * local]
+                                             .clone(), requires_grad=full.requires_grad))
+        self.ep_group = group
 
     @staticmethod
     def _gate(gate_up: torch.Tensor) -> torch.Tensor:
@@ -183,7 +222,7 @@ class MoE(nn.Module):
         weights = (weights / weights.sum(-1, keepdim=True)).to(x.dtype)
         y = capacity_forward(flat, index, weights, experts=self.experts,
                              capacity_factor=self.capacity_factor, up=self.gate_up,
-                             down=self.down, apply_gate=self._gate)
+                             down=self.down, apply_gate=self._gate, ep_group=self.ep_group)
         if self.shared is not None:
             s = self.shared
             y = y + s["down"](F.silu(s["gate"](flat)) * s["up"](flat))
