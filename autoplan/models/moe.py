@@ -76,9 +76,9 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, transposed
 def _exchange(x: torch.Tensor, group) -> torch.Tensor:
     """All-to-all of ``x`` along dim 0 over ``group`` (differentiable: its backward is the
     reverse all-to-all)."""
-    from torch.distributed.nn.functional import all_to_all_single
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-    return all_to_all_single(torch.empty_like(x), x.contiguous(), group=group)
+    return all_to_all_single_autograd(x.contiguous(), None, None, group)
 
 
 def capacity_forward(hidden: torch.Tensor, top_k_index: torch.Tensor,
