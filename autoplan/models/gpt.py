@@ -155,11 +155,14 @@ def _norm(cfg: GPTConfig) -> nn.Module:
     return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
 
 
-def _rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021) on (b, s, heads, head_dim)."""
+def _rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021) on (b, s, heads, head_dim); ``positions``
+    (s,) default to 0 .. s-1 (context parallelism passes the rank's own)."""
     b, s, nh, hd = x.shape
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
-    t = torch.arange(s, device=x.device, dtype=torch.float32)
+    t = (torch.arange(s, device=x.device, dtype=torch.float32) if positions is None
+         else positions.to(device=x.device, dtype=torch.float32))
     freqs = torch.outer(t, inv_freq)                       # (s, hd/2)
     cos = freqs.cos()[None, :, None, :].to(x.dtype)
     sin = freqs.sin()[None, :, None, :].to(x.dtype)
@@ -179,6 +182,7 @@ class Attention(nn.Module):
         self.o = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.resid_drop = nn.Dropout(cfg.dropout)
+        self.cp = None                   # ContextParallel, set by GPT.shard_sequence
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
@@ -187,19 +191,26 @@ class Attention(nn.Module):
         q = self.q(x).view(b, s, -1, hd)
         k = self.k(x).view(b, s, -1, hd)
         v = self.v(x).view(b, s, -1, hd)
+        positions = None if self.cp is None else self.cp.positions(x.device)
         if cfg.style == "llama":
-            q, k = _rotary(q, cfg.rope_theta), _rotary(k, cfg.rope_theta)
+            q = _rotary(q, cfg.rope_theta, positions)
+            k = _rotary(k, cfg.rope_theta, positions)
+        mask = None
+        if self.cp is not None:          # keys and values of the whole sequence
+            k, v = self.cp.gather(k, 1), self.cp.gather(v, 1)
+            mask = self.cp.causal_mask(x.device)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # (b, heads, s, hd)
         rep = q.shape[1] // k.shape[1]
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         if cfg.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask,
                                                dropout_p=cfg.dropout if self.training else 0.0)
         else:
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            if mask is None:
+                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
             scores = scores.masked_fill(~mask, float("-inf"))
             y = self.attn_drop(scores.softmax(dim=-1)) @ v
         y = y.transpose(1, 2).reshape(b, s, -1)
@@ -291,6 +302,16 @@ class GPT(nn.Module):
             p.copy_(self.init_value(name, p.shape, generator=gen).to(device=p.device,
                                                                     dtype=p.dtype))
 
+    def shard_sequence(self, group, seq_len: int) -> None:
+        """Context parallelism over ``group``: this model's inputs are then this rank's
+        tokens (:func:`autoplan.models.context_parallel.shard_rows` of sequences of
+        ``seq_len``), and attention all-gathers keys and values (module docstring there)."""
+        from autoplan.models.context_parallel import ContextParallel
+
+        cp = ContextParallel(group, group.size(), group.rank(), seq_len)
+        for block in self.blocks.values():
+            block.attn.cp = cp
+
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean token cross-entropy, computed in fp32."""
@@ -306,7 +327,10 @@ class GPT(nn.Module):
         if self.tok_emb is not None:
             x = self.tok_emb(tokens)
             if self.pos_emb is not None:
-                x = x + self.pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+                cp = next((b.attn.cp for b in self.blocks.values()), None)
+                pos = (torch.arange(tokens.shape[1], device=tokens.device) if cp is None
+                       else cp.positions(tokens.device))
+                x = x + self.pos_emb(pos)
             x = self.drop(x)
         for block in self.blocks.values():
             x = block(x)
