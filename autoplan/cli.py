@@ -194,12 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     from autoplan.errors import ConfigError
+    from autoplan.models.registry import source_of
 
     out: dict[str, Any] = {}
     for key in ("layers", "hidden", "heads", "vocab_size"):
         if getattr(args, key, None) is not None:
             out[key] = getattr(args, key)
-    if getattr(args, "seq_len", None) is not None and args.model.split(":")[0] not in ("hf", "import"):
+    if getattr(args, "seq_len", None) is not None and source_of(args.model) == "builtin":
         out.setdefault("seq_len", args.seq_len)
     for item in getattr(args, "set", []) or []:
         key, sep, value = item.partition("=")

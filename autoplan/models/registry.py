@@ -187,6 +187,17 @@ def resolve(name: str, **overrides: Any) -> ModelSpec:
                                                             "import:<pkg.module:factory>"])
 
 
+def source_of(name: str) -> str:
+    """Where ``name`` (as typed) comes from: ``"hf"``, ``"import"`` or ``"builtin"`` (a
+    preset of a Hugging Face architecture is ``"hf"``), without resolving it."""
+    _load_builtins()
+    if name.startswith("hf:") or (name in _PRESETS and _PRESETS[name][0].startswith("hf:")):
+        return "hf"
+    if name.startswith("import:") or (":" in name and "." in name.split(":")[0]):
+        return "import"
+    return "builtin"
+
+
 def build_model(spec: ModelSpec, *, device: str | torch.device = "meta",
                 dtype: torch.dtype | None = None) -> nn.Module:
     """Build the model on ``device`` (meta by default: no weight memory)."""
