@@ -191,8 +191,8 @@ class Reestimator:
         compute, comm, prov = cost_models_for(cluster, precision, self.profiles_dir,
                                               calibrate=False, cores=cores)
         est = Estimator(self._graph(plan, precision), cluster, precision=precision,
-                        compute=compute, comm=comm)
-        return prov.finish(est, plan.parallel, est.predict(plan.parallel))
+                        compute=compute, comm=comm, provenance=prov)
+        return est.predict(plan.parallel)
 
 
 def available_cores(load: hostload.HostLoad, cluster, profiles_dir=None) -> float | None:

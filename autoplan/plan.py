@@ -237,6 +237,22 @@ class TimeBreakdown:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StageTime:
+    """Seconds per micro-batch of one model chunk (plan stage) on each of its devices."""
+
+    forward: float = 0.0               # forward compute
+    backward: float = 0.0              # backward compute
+    recompute: float = 0.0             # forward recomputed in backward (checkpointing)
+    tp_forward: float = 0.0            # in-layer (tensor-parallel) collectives of the forward
+    tp_backward: float = 0.0           # ... of the backward
+    tp_recompute: float = 0.0          # ... of the recomputed forward
+    send: float = 0.0                  # output sent to the next stage (its gradient comes back)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Prediction:
     step_time_s: float
     tokens_per_s: float
@@ -247,13 +263,15 @@ class Prediction:
     memory: MemoryBreakdown            # of the device that needs the most
     memory_limit_bytes: float
     time: TimeBreakdown
-    memory_per_stage: tuple[MemoryBreakdown, ...] = ()
+    memory_per_stage: tuple[MemoryBreakdown, ...] = ()   # per pipeline rank
+    stage_times: tuple[StageTime, ...] = ()             # per plan stage (model chunk)
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["memory"] = self.memory.to_dict()
         d["time"] = self.time.to_dict()
         d["memory_per_stage"] = [m.to_dict() for m in self.memory_per_stage]
+        d["stage_times"] = [t.to_dict() for t in self.stage_times]
         return d
 
     @classmethod
@@ -270,8 +288,12 @@ class Prediction:
         d["memory_per_stage"] = tuple(
             _figures(MemoryBreakdown, m, f"prediction.memory_per_stage[{i}]")
             for i, m in enumerate(per_stage))
+        times = _list(d.get("stage_times", []), "prediction.stage_times")
+        d["stage_times"] = tuple(_figures(StageTime, t, f"prediction.stage_times[{i}]")
+                                 for i, t in enumerate(times))
         for f in fields(cls):
-            if f.name not in ("memory", "time", "memory_per_stage") and f.name in d:
+            if f.name not in ("memory", "time", "memory_per_stage", "stage_times") \
+                    and f.name in d:
                 _figure(d[f.name], f"prediction.{f.name}")
         return _from_dict(cls, d, "prediction")
 

@@ -1,7 +1,8 @@
 """Measured profiles into the cost model: which files, how they are scaled, what was used.
 
     compute, comm, prov = cost_models_for(cluster, "fp32")
-    est = Estimator(graph, cluster, precision="fp32", compute=compute, comm=comm)
+    est = Estimator(graph, cluster, precision="fp32", compute=compute, comm=comm,
+                    provenance=prov)
     prov.summary()            # 'op profile cpu-amd-epyc.json (...), link profile ...'
 
 The :class:`~autoplan.planner.estimate.Estimator` calls this by default, so every plan for a
@@ -42,13 +43,13 @@ had ``min(1, C / W)`` of a core. In a run it has ``share``, so
 
 When ``share < 1`` the step is composed for shared cores (:mod:`autoplan.cost.shared_cores`:
 the total work of all ranks over the cores, since a rank idle in a bubble or blocked in a
-collective leaves its core to the others). Processes outside the run (other users of the
+collective leaves its core to the others): ``CostProvenance.composer`` holds that property of
+the composition (:class:`~autoplan.cost.step.StepModel`). Processes outside the run (other users of the
 machine) are not in the model unless ``cores`` says how many cores they left
 (:mod:`autoplan.hostload`); calibration factors fitted on runs made under such load absorb the
 rest, and record the load.
 
-:meth:`CostProvenance.finish` is what the Estimator applies to each prediction: the shared-core
-composition, then the calibration.
+``CostProvenance.calibration`` is applied to each prediction, last.
 """
 
 from __future__ import annotations
@@ -58,22 +59,18 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autoplan.cluster import Cluster, profiles_root, read_yaml
 from autoplan.cost.batch_scale import batch_tensors, scaled_node
 from autoplan.cost.calibration import Calibration, load_calibration
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
-from autoplan.cost.shared_cores import SharedCoreComposer
+from autoplan.cost.shared_cores import SharedCores
 from autoplan.errors import ConfigError
 from autoplan.graph import OpGraph, OpNode
-from autoplan.plan import ParallelConfig, Prediction
 from autoplan.profile.lookup import Lookup, OpTimeTable
 from autoplan.profile.store import LinkProfile
-
-if TYPE_CHECKING:
-    from autoplan.planner.estimate import Estimator
 
 log = logging.getLogger(__name__)
 
@@ -259,14 +256,7 @@ class CostProvenance:
     notes: list[str] = field(default_factory=list)
     op_times: ProfiledOpTimes | None = None
     link_times: ProfiledLinkTimes | None = None
-    composer: SharedCoreComposer | None = None
-
-    def finish(self, est: "Estimator", p: ParallelConfig, pred: Prediction) -> Prediction:
-        """The Estimator's raw prediction ``pred`` of config ``p``, composed for shared
-        cores where the ranks share them, then calibrated."""
-        if self.composer is not None:
-            pred = self.composer.compose(est, p, pred)
-        return self.calibration.apply(pred)
+    composer: SharedCores | None = None     # the step's shared-core property (share < 1)
 
     @property
     def op_counts(self) -> dict[str, int]:
@@ -338,7 +328,7 @@ def cost_models_for(cluster: Cluster, precision: str = "mixed",
         share = core_share(n_cores, cluster.devices_per_node)
         if share < 1:
             nominal = core_share(dev.cores, cluster.devices_per_node)
-            prov.composer = SharedCoreComposer(share, optimizer_scale=nominal / share,
+            prov.composer = SharedCores(share, optimizer_scale=nominal / share,
                                                tp_matmul_overhead_s=dev.tp_matmul_overhead_s,
                                                dp_module_overhead_s=dev.dp_module_overhead_s)
             prov.share = share

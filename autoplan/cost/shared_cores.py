@@ -1,4 +1,4 @@
-"""Step time when the ranks share CPU cores: the machine's capacity bounds the step.
+"""Ranks sharing CPU cores: the machine's capacity bounds the step.
 
 A CPU "cluster" of ``N`` gloo processes on ``C < N`` cores is a processor-sharing system:
 whenever more ranks are runnable than there are cores, the kernel splits the cores among
@@ -11,13 +11,14 @@ and by its dependency chain at a full core per rank::
     W_d   = m · sum over d's chunks of (fwd + bwd + TP comm + 2 · send
                                          [+ fwd + TP fwd, recomputed])
             + DP comm of d in full + optimizer of d
-    T_dep = s · T_pipeline                                      (the Estimator's step at share
-                                                                 s, run at a full core)
+    T_dep = s · T_pipeline                                      (the GPU composition's step at
+                                                                 share s, at a full core)
 
 with ``s = min(1, C/N)``, the share every op and collective time is already scaled by
 (:mod:`autoplan.cost.profiled`), so ``W_d`` is rank d's CPU seconds / s and the average over
-ranks times N / C is exactly ``sum W / C``. Two things differ from the GPU composition of
-:class:`~autoplan.planner.estimate.Estimator`, both because the "device" is the same cores
+ranks times N / C is exactly ``sum W / C``. Two things differ from the GPU composition
+(:mod:`autoplan.cost.step`, which composes both: shared cores are a property of its
+:class:`~autoplan.cost.step.StepModel`, this module's :class:`SharedCores`), both because the "device" is the same cores
 for everything: (1) a DP collective overlapped with backward still costs its full time (its
 copies and reductions run on the cores the backward needs, so overlap hides nothing); (2) a
 pipeline bubble costs nothing as long as other ranks have work for the idle core — it shows
@@ -35,7 +36,11 @@ chunk root) costs ``dp_module_overhead_s`` per micro-batch (FSDP2's hooks), in t
 
 The breakdown is the average rank's: compute, recompute, TP / DP / pipeline communication and
 optimizer as above, and ``bubble`` = T minus those (zero when the capacity bound binds). Memory
-is the Estimator's.
+is the GPU composition's.
+
+This module holds the parameters of that composition (:class:`SharedCores`) and how the
+engine's TP collectives are counted (:func:`tp_collectives`, :meth:`SharedCores.split_time`);
+:mod:`autoplan.cost.step` composes them.
 
 Sources and checks: per-rank CPU seconds of the engine's ranks (``time.process_time``) on
 this 2-core machine, summed over the 4 ranks and divided by the wall time of a step, came to
@@ -45,16 +50,11 @@ processes taking the rest: the capacity bound is what binds here.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from autoplan.cost.comm import Group
+from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import op_kind
 from autoplan.graph import Layer, OpGraph
-from autoplan.plan import ParallelConfig, Prediction, TimeBreakdown
-
-if TYPE_CHECKING:
-    from autoplan.planner.estimate import Estimator
 
 
 def tp_collectives(layer: Layer, graph: OpGraph) -> tuple[int, int]:
@@ -69,93 +69,29 @@ def tp_collectives(layer: Layer, graph: OpGraph) -> tuple[int, int]:
     return rows, cols
 
 
-class SharedCoreComposer:
-    """The composition of the module docstring for one Estimator (caches per-layer counts)."""
+@dataclass(frozen=True)
+class SharedCores:
+    """``share`` = min(1, C / N) of a core per rank, and the measured framework overheads
+    (:mod:`autoplan.cost.framework_overhead`) the composition adds on shared cores."""
 
-    def __init__(self, share: float, *, optimizer_scale: float = 1.0,
-                 tp_matmul_overhead_s: float = 0.0, dp_module_overhead_s: float = 0.0):
-        if not 0 < share <= 1:
-            raise ValueError(f"share must be in (0, 1], got {share!r}")
-        self.share = share
-        self.optimizer_scale = optimizer_scale
-        self.tp_matmul_overhead_s = tp_matmul_overhead_s
-        self.dp_module_overhead_s = dp_module_overhead_s
-        self._counts: dict[int, tuple[int, int]] = {}
+    share: float
+    optimizer_scale: float = 1.0
+    tp_matmul_overhead_s: float = 0.0
+    dp_module_overhead_s: float = 0.0
 
-    def _tp_time(self, est: "Estimator", start: int, end: int, tp: int, micro_batch: int
-                 ) -> tuple[float, float]:
-        if tp == 1:
-            return 0.0, 0.0
-        scale = micro_batch / est.b0
-        group = Group(size=tp, ranks_per_node=min(tp, est.cluster.devices_per_node))
-        fwd = bwd = 0.0
-        for i in range(start, end):
-            layer = est.graph.layers[i]
-            if i not in self._counts:
-                self._counts[i] = tp_collectives(layer, est.graph)
-            n_f, n_b = self._counts[i]
-            st = layer.stats
-            fwd += (n_f + n_b) * self.tp_matmul_overhead_s / 2 / self.share
-            bwd += (n_f + n_b) * self.tp_matmul_overhead_s / 2 / self.share
-            for n, nbytes, acc in ((n_f, st.tp_allreduce_fwd_bytes, 0),
-                                   (n_b, st.tp_allreduce_bwd_bytes, 1)):
-                if nbytes <= 0:
-                    continue
-                n = max(n, 1)
-                t = n * est.comm.time("all_reduce", nbytes * scale / n, group)
-                if acc == 0:
-                    fwd += t
-                else:
-                    bwd += t
-        return fwd, bwd
+    def __post_init__(self) -> None:
+        if not 0 < self.share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {self.share!r}")
 
-    def compose(self, est: "Estimator", p: ParallelConfig, pred: Prediction) -> Prediction:
-        """``pred`` (the Estimator's, at share s) re-timed by the capacity bound."""
-        from autoplan.planner.build import split_layers
+    def matmul_overhead(self, matmuls: int) -> float:
+        """DTensor's per-module work of ``matmuls`` sharded matmuls in one direction (half
+        of ``tp_matmul_overhead_s`` each), at the core share."""
+        return matmuls * self.tp_matmul_overhead_s / 2 / self.share
 
-        if self.share >= 1:
-            return pred
-        n_chunks = p.pp * p.virtual_stages
-        ranges = split_layers(est.graph, n_chunks)
-        ckpt = p.checkpoint == "full"
-        pp_cross = est.pp_link(p).ranks_per_node == 1
-        m = p.num_micro_batches
-        terms = dict(compute=0.0, recompute=0.0, tp_comm=0.0, dp_comm=0.0, pp_comm=0.0,
-                     optimizer=0.0)
-        dgroup = est.dp_group(p)
-        param_bytes = 2 if est.precision == "mixed" else 4
-        for d in range(p.pp):
-            params_local = modules = 0.0
-            for c in range(d, n_chunks, p.pp):
-                a, b = ranges[c]
-                ch = est._chunk(a, b, p.tp, p.sequence_parallel, p.micro_batch, ckpt,
-                                c == n_chunks - 1, pp_cross)
-                tp_f, tp_b = self._tp_time(est, a, b, p.tp, p.micro_batch)
-                terms["compute"] += m * (ch.fwd + ch.bwd)
-                terms["recompute"] += m * ch.fwd if ckpt else 0.0
-                terms["tp_comm"] += m * (tp_f + tp_b + (tp_f if ckpt else 0.0))
-                terms["pp_comm"] += m * 2 * ch.send
-                params_local += ch.params_local
-                modules += 1 + sum(not est.graph.layers[i].name.startswith("<")
-                                   for i in range(a, b))
-            if p.dp > 1:
-                terms["dp_comm"] += m * modules * self.dp_module_overhead_s / self.share
-                terms["dp_comm"] += est.comm.time("all_reduce",
-                                                  params_local * est.reduce_bytes, dgroup)
-                if p.zero == 3:
-                    terms["dp_comm"] += m * 2 * est.comm.time(
-                        "all_gather", params_local * param_bytes, dgroup)
-            shard = p.dp if p.zero >= 1 else 1
-            terms["optimizer"] += self.optimizer_scale * est.compute.optimizer_time(
-                params_local / shard)
-        avg = {k: v / p.pp for k, v in terms.items()}
-        capacity = sum(avg.values())
-        step = max(capacity, self.share * pred.step_time_s)
-        time = TimeBreakdown(**avg, bubble=step - capacity)
-        ratio = pred.step_time_s / step
-        return replace(pred, step_time_s=step, time=time,
-                       tokens_per_s=pred.tokens_per_s * ratio,
-                       samples_per_s=pred.samples_per_s * ratio,
-                       model_tflops_per_device=pred.model_tflops_per_device * ratio,
-                       hardware_tflops_per_device=pred.hardware_tflops_per_device * ratio,
-                       mfu=pred.mfu * ratio)
+    @staticmethod
+    def split_time(comm: CommModel, collective: str, nbytes: float, count: int,
+                   group: Group) -> float:
+        """``nbytes`` moved in ``count`` collectives of equal size, as the engine issues
+        them (one per consumer), rather than one collective of the sum."""
+        n = max(count, 1)
+        return n * comm.time(collective, nbytes / n, group)

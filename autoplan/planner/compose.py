@@ -40,7 +40,7 @@ import numpy as np
 from autoplan.graph import OpGraph
 from autoplan.planner.costs import (BUCKETS, REDUCE_BYTES, CostModel, KindCosts, TensorEdge,
                                     edge_matrices, grad_spec, required_grad)
-from autoplan.planner.estimate import OVERLAP_COST
+from autoplan.cost.step import OVERLAP_COST
 from autoplan.planner.intra_op import (ZERO_STAGES, Hinge, IntraOpProblem, Linear,
                                        PartialGroup)
 from autoplan.planner.mesh import LogicalMesh

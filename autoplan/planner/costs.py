@@ -48,14 +48,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplan.cluster import Cluster
-from autoplan.cost.comm import CommModel, Group, bus_factor
+from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_kind
 from autoplan.cost.memory import PRECISION_BYTES
+from autoplan.cost.step import REDUCE_BYTES       # gradients are reduced in fp32
 from autoplan.graph import OpGraph
 from autoplan.planner.mesh import LogicalMesh
 from autoplan.planner.strategies import AXES, KindGraph, Spec, Strategy, members, shard_dim
 
-REDUCE_BYTES = 4                         # gradients are reduced in fp32 (as the Estimator)
 #: sync-axes buckets of parameters: index -> the axes
 BUCKETS: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (0, 1))
 
@@ -187,7 +187,7 @@ class CostModel:
         self.param_bytes = PRECISION_BYTES[precision][0]
         self.state_bytes = PRECISION_BYTES[precision]
         self._op_cache: dict[tuple[str, float], tuple[float, float]] = {}
-        self._coll_cache: dict[tuple[str, Group], tuple] = {}
+        self._coll_cache: dict[tuple, float | tuple[float, float]] = {}
         self._struct_cache: dict[tuple, list] = {}
         self._edge_cache: dict[tuple, tuple] = {}
         self._names = list(graph.nodes)
@@ -210,41 +210,28 @@ class CostModel:
         return hit
 
     def coll(self, collective: str, nbytes: float, group: Group) -> float:
-        """``CommModel.time`` with its per-(collective, group) terms cached: the same
-        arithmetic, so the same result."""
+        """``CommModel.time``, remembered per (collective, bytes, group): the search asks
+        for the same few collectives many times."""
         if nbytes <= 0 or group.size <= 1:
             return 0.0
-        if getattr(self.comm, "measured", None) is not None:   # a measured profile
-            return self.comm.time(collective, nbytes, group)
-        key = (collective, group)
-        terms = self._coll_cache.get(key)
-        if terms is None:
-            comm = self.comm
-            comm._check_group(group)
-            factor = bus_factor(collective, group.size)
-            fitted = comm.fitted.get((collective, comm.level(group)))
-            if fitted is not None:
-                terms = (True, fitted[0], factor, fitted[1])
-            else:
-                terms = (False, comm.alpha(collective, group), factor,
-                         comm.bus_bandwidth(group))
-            self._coll_cache[key] = terms
-        is_fitted, alpha, factor, x = terms
-        if is_fitted:
-            return alpha + nbytes * factor * x
-        return alpha + nbytes * factor / x
+        key = (collective, nbytes, group)
+        hit = self._coll_cache.get(key)
+        if hit is None:
+            hit = self._coll_cache[key] = self.comm.time(collective, nbytes, group)
+        return hit
 
     def line(self, collective: str, group: Group) -> tuple[float, float]:
         """(alpha, seconds per byte) of ``collective`` on ``group``: t = alpha + beta S for
-        S > 0 (0, 0 for a group of one)."""
+        S > 0 (0, 0 for a group of one), the secant of ``CommModel.time`` through 1 and 2 GB
+        (exact for the alpha-beta model, a line through a measured profile's fit)."""
         if group.size <= 1:
             return 0.0, 0.0
-        if getattr(self.comm, "measured", None) is not None:   # secant through 1 / 2 GB
+        key = ("line", collective, group)
+        hit = self._coll_cache.get(key)
+        if hit is None:
             t1, t2 = self.coll(collective, 1e9, group), self.coll(collective, 2e9, group)
-            return t1 - (t2 - t1), (t2 - t1) / 1e9
-        self.coll(collective, 1.0, group)
-        is_fitted, alpha, factor, x = self._coll_cache[(collective, group)]
-        return alpha, (factor * x if is_fitted else factor / x)
+            hit = self._coll_cache[key] = (t1 - (t2 - t1), (t2 - t1) / 1e9)
+        return hit
 
     def conversion_time(self, convs: tuple[Conversion, ...], nbytes: float,
                         mesh: LogicalMesh) -> float:

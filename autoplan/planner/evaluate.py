@@ -15,22 +15,13 @@ module prices that choice with the same formulas as
   collective of their summed bytes — the Estimator's convention (``LayerStats.
   tp_allreduce_*_bytes`` is one all-reduce per layer), so a Megatron layout is priced
   exactly as the uniform planner prices it.
-* pipeline latency (Alpa eq. 2; interleaved: Narayanan et al. 2021)::
-
-      T = sum_d T_d + (m - 1) max_d T_d                 v = 1   (1F1B, GPipe)
-      T = m max_d T_d + (pp - 1) max_d T_d / v          interleaved 1F1B
-
-  with T_d = sum over the chunks of pipeline rank d of t_f + t_b + tp_f + tp_b + 2 send
-  (+ t_f + tp_f when recomputed).
-* per step: each bucket of parameters (by the mesh axes their gradients are summed over)
-  is all-reduced once (one collective per bucket), overlapped with the last micro-batch's
-  backward; ZeRO-3 gathers parameters twice per micro-batch, overlapped with its compute
-  (``_exposed``: what compute cannot hide plus OVERLAP_COST of the rest); the optimizer
-  step is ``ComputeModel.optimizer_time`` of the local (ZeRO-sharded) parameters. Each is
-  the slowest pipeline rank's.
-* memory per device of pipeline rank d: ZeRO model states per bucket, activations x
-  micro-batches in flight (:func:`~autoplan.cost.memory.in_flight_micro_batches`), one
-  recomputed layer's activations, and under ZeRO-3 two layers' gathered parameters.
+* each stage becomes a :class:`~autoplan.cost.step.ChunkCost` — its parameters in buckets
+  by the mesh axes their gradients are summed over (one collective per bucket), its
+  activations x micro-batches in flight, one recomputed layer's activations, the largest
+  layer's gathered parameters (ZeRO-3) — and :class:`~autoplan.cost.step.StepModel`
+  composes the step (pipeline latency, the data-parallel and optimizer terms, memory per
+  device, ranks sharing CPU cores, calibration) exactly as for the grid: the formulas are in
+  :mod:`autoplan.cost.step`.
 
 Two refinements over the Estimator, both only where a uniform plan never goes: ops on
 tensors without a batch dimension (a causal mask) do not scale with the micro-batch, and a
@@ -43,17 +34,16 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from autoplan.cost.comm import Group
-from autoplan.cost.memory import in_flight_micro_batches
-from autoplan.plan import MemoryBreakdown, Prediction, TimeBreakdown
+from autoplan.cost.step import ChunkCost, ParamBucket, StepModel, Workload
+from autoplan.plan import Prediction
 from autoplan.planner.compose import ModelStructure, transition_edges
-from autoplan.planner.costs import (BUCKETS, REDUCE_BYTES, CostModel, KindCosts, TensorEdge,
-                                    conversions, grad_spec, passes_partial, required_grad)
-from autoplan.planner.estimate import _exposed
+from autoplan.planner.costs import (BUCKETS, CostModel, KindCosts, TensorEdge, conversions,
+                                    grad_spec, passes_partial, required_grad)
 from autoplan.planner.mesh import LogicalMesh
 
 Buckets = dict[tuple[str, str, int], float]      # (direction, collective, axis) -> bytes
@@ -96,26 +86,6 @@ class PipelineChoice:
         return self.micro_batch * self.num_micro_batches
 
 
-@dataclass
-class StageCost:
-    fwd: float
-    bwd: float
-    tp_fwd: float
-    tp_bwd: float
-    send: float
-    act: float
-    recompute_peak: float
-    psi: np.ndarray                       # local parameters per bucket
-    gathered: float                       # largest layer's gathered parameter bytes
-    checkpoint: bool
-    zero: int
-    mesh: LogicalMesh
-    layer_comm: dict = field(default_factory=dict)   # kind -> (fwd Buckets, bwd Buckets)
-    cpu_tp_fwd: float = 0.0               # layer communication on shared cores (composer)
-    cpu_tp_bwd: float = 0.0
-    modules: int = 0                      # the stage's root and its blocks (FSDP's units)
-
-
 class Evaluator:
     """Prices :class:`PipelineChoice` objects for one (graph, cluster, precision)."""
 
@@ -128,6 +98,12 @@ class Evaluator:
         self._trans: dict[tuple, tuple[float, float]] = {}
         self.output_bytes = np.array([l.stats.output_bytes for l in ms.graph.layers],
                                      dtype=float)
+        prov = cm.provenance
+        self.step = StepModel(cm.compute, cm.comm, precision=cm.precision,
+                              memory_limit_bytes=cm.cluster.device.memory_bytes,
+                              peak_flops=cm.compute.peak,
+                              shared=prov.composer if prov is not None else None,
+                              calibration=cm.calibration)
 
     def kind_costs(self, kind: str, mesh: LogicalMesh, micro_batch: int) -> KindCosts:
         key = (kind, mesh, micro_batch)
@@ -220,11 +196,9 @@ class Evaluator:
     # ---- ranks sharing CPU cores ---------------------------------------------------------
     @property
     def composer(self):
-        """The cluster's :class:`~autoplan.cost.shared_cores.SharedCoreComposer` when its
-        ranks share CPU cores (None otherwise): the Estimator composes its predictions with
-        it, and so does :meth:`predict`."""
-        comp = getattr(self.cm.provenance, "composer", None)
-        return comp if comp is not None and comp.share < 1 else None
+        """The step's :class:`~autoplan.cost.shared_cores.SharedCores` property when the
+        cluster's ranks share CPU cores (None otherwise)."""
+        return self.step.shared
 
     def cpu_layer_time(self, buckets: Buckets, counts: dict, mesh: LogicalMesh,
                        tp_matmuls: int) -> float:
@@ -233,23 +207,25 @@ class Evaluator:
         bytes in as many collectives as consumers issue them, and DTensor's per-module work
         (half of ``tp_matmul_overhead_s`` per sharded matmul and direction, at the share)."""
         comp = self.composer
-        t = tp_matmuls * comp.tp_matmul_overhead_s / 2 / comp.share
+        t = comp.matmul_overhead(tp_matmuls)
         for key, nbytes in sorted(buckets.items()):
             if nbytes <= 0:
                 continue
             _, coll, axis = key
-            n = max(counts.get(key, 1), 1)
-            t += n * self.cm.coll(coll, nbytes / n, mesh.group((axis,)))
+            t += comp.split_time(self.cm.comm, coll, nbytes, counts.get(key, 1),
+                                 mesh.group((axis,)))
         return t
 
     # ---- one stage -------------------------------------------------------------------------
     def stage_cost(self, st: StageChoice, micro_batch: int, *, last: bool,
-                   cross_node: bool) -> StageCost:
+                   cross_node: bool) -> ChunkCost:
+        """The stage's :class:`~autoplan.cost.step.ChunkCost` (per micro-batch ``micro_batch``
+        of the whole stage)."""
         return self._stage_cost(st, micro_batch, last, cross_node)
 
     @functools.lru_cache(maxsize=4096)
     def _stage_cost(self, st: StageChoice, micro_batch: int, last: bool,
-                    cross_node: bool) -> StageCost:
+                    cross_node: bool) -> ChunkCost:
         ms, mesh = self.ms, st.mesh
         fwd = bwd = tp_f = tp_b = act = peak = gathered = 0.0
         psi = np.zeros(len(BUCKETS))
@@ -328,8 +304,11 @@ class Evaluator:
             send = self.cm.coll("send_recv", out_bytes,
                                 Group(size=2, ranks_per_node=1 if cross_node else 2))
         modules = 1 + sum(bool(ms.is_block[l]) for l in range(st.start, st.end))
-        return StageCost(fwd, bwd, tp_f, tp_b, send, act, peak, psi, gathered, st.checkpoint,
-                         st.zero, mesh, cpu_tp_fwd=cpu_f, cpu_tp_bwd=cpu_b, modules=modules)
+        buckets = tuple(ParamBucket(axes, float(psi[b]), mesh.group(axes))
+                        for b, axes in enumerate(BUCKETS) if psi[b] > 0)
+        return ChunkCost(float(fwd), float(bwd), float(tp_f), float(tp_b), float(send),
+                         float(act), float(peak), st.checkpoint, buckets, float(gathered),
+                         st.zero, mesh.size, float(cpu_f), float(cpu_b), modules)
 
     def _imported(self, st: StageChoice, l: int, micro_batch: int) -> float:
         """Saved bytes of what layer ``l`` reads from layer ``l - 1``, as it places them."""
@@ -369,158 +348,35 @@ class Evaluator:
         return sum(seen.values())
 
     # ---- the plan -----------------------------------------------------------------------
-    def predict(self, p: PipelineChoice) -> Prediction:
-        cm = self.cm
-        n_chunks = len(p.stages)
-        pp, v, m = p.pp, p.virtual_stages, p.num_micro_batches
+    def chunks(self, p: PipelineChoice) -> list[ChunkCost]:
+        """The stages of ``p`` priced, in order (chunk c on pipeline rank c mod pp)."""
+        n_chunks, pp = len(p.stages), p.pp
         offsets = self.rank_offsets(p)
-        chunks = []
+        out = []
         for c, st in enumerate(p.stages):
             last = c == n_chunks - 1
             nxt = (c + 1) % pp
-            cross = True if last else self._cross(offsets[c % pp], st.mesh.size,
-                                                   offsets[nxt], p.stages[c + 1].mesh.size)
-            chunks.append(self.stage_cost(st, p.micro_batch, last=last, cross_node=cross))
+            cross = True if last else self.cross_node(offsets[c % pp], st.mesh.size,
+                                                      offsets[nxt], p.stages[c + 1].mesh.size)
+            out.append(self.stage_cost(st, p.micro_batch, last=last, cross_node=cross))
+        return out
 
-        def t_chunk(c: StageCost) -> float:
-            t = c.fwd + c.bwd + c.tp_fwd + c.tp_bwd + 2 * c.send
-            if c.checkpoint:
-                t += c.fwd + c.tp_fwd
-            return t
-
-        dev_chunks = [[chunks[c] for c in range(d, n_chunks, pp)] for d in range(pp)]
-        dev_time = [sum(t_chunk(c) for c in cs) for cs in dev_chunks]
-        slow = max(range(pp), key=lambda d: dev_time[d])
-        if v == 1:
-            pipeline = sum(dev_time) + (m - 1) * dev_time[slow]
-        else:
-            pipeline = m * dev_time[slow] + (pp - 1) * dev_time[slow] / v
-        sc = dev_chunks[slow]
-        compute = m * sum(c.fwd + c.bwd for c in sc)
-        recompute = m * sum(c.fwd for c in sc if c.checkpoint)
-        tp_comm = m * sum(c.tp_fwd + c.tp_bwd + (c.tp_fwd if c.checkpoint else 0.0) for c in sc)
-        pp_comm = m * sum(2 * c.send for c in sc)
-        bubble = max(0.0, pipeline - compute - recompute - tp_comm - pp_comm)
-
-        dp_exposed, opt_time, per_stage, syncs = [], [], [], []
-        for d, cs in enumerate(dev_chunks):
-            mesh = cs[0].mesh
-            psi = sum(c.psi for c in cs)
-            zero = cs[0].zero
-            last_bwd = sum(c.bwd for c in cs)
-            mb_compute = sum(c.fwd + c.bwd for c in cs)
-            groups = [mesh.group(axes) for axes in BUCKETS]
-            t_reduce = sum(cm.coll("all_reduce", psi[b] * REDUCE_BYTES, groups[b])
-                           for b in range(len(BUCKETS)) if groups[b].size > 1)
-            exposed = _exposed(t_reduce, last_bwd) if t_reduce > 0 else 0.0
-            t_gather = 0.0
-            if zero == 3:
-                t_gather = sum(cm.coll("all_gather", psi[b] * cm.param_bytes, groups[b])
-                               for b in range(len(BUCKETS)) if groups[b].size > 1)
-                if t_gather > 0:
-                    exposed += m * _exposed(2 * t_gather, mb_compute)
-            dp_exposed.append(exposed)
-            dsize = np.array([g.size for g in groups], dtype=float)
-            local = float((psi / dsize).sum()) if zero >= 1 else float(psi.sum())
-            opt_time.append(cm.compute.optimizer_time(local))
-            syncs.append((t_reduce, t_gather, local))
-            p_b, g_b, o_b = cm.state_bytes
-            params = float(sum(psi[b] * p_b / (dsize[b] if zero >= 3 else 1)
-                               for b in range(len(BUCKETS))))
-            grads = float(sum(psi[b] * g_b / (dsize[b] if zero >= 2 else 1)
-                              for b in range(len(BUCKETS))))
-            optim = float(sum(psi[b] * o_b / (dsize[b] if zero >= 1 else 1)
-                              for b in range(len(BUCKETS))))
-            in_flight = in_flight_micro_batches(p.schedule, pp, d, m, v)
-            acts = in_flight * sum(c.act for c in cs) + max(c.recompute_peak for c in cs)
-            other = 0.0
-            if zero == 3 and any(g.size > 1 for g, x in zip(groups, psi) if x):
-                other = 2 * max(c.gathered for c in cs)
-            per_stage.append(MemoryBreakdown(params=params, grads=grads, optimizer=optim,
-                                             activations=acts, other=other))
-        dp_comm = max(dp_exposed)
-        optimizer = max(opt_time)
-        step = pipeline + dp_comm + optimizer
-        worst = max(per_stage, key=lambda mb: mb.total)
-
+    def workload(self, p: PipelineChoice) -> Workload:
         gb = p.global_batch
-        tokens = gb * (self.graph.batch.seq_len or 1)
-        model_flops = (self.graph.fwd_flops + self.graph.bwd_flops) * gb / self.b0
-        recompute_flops = sum(self.graph.layers[l].stats.fwd_flops
+        graph = self.graph
+        model_flops = (graph.fwd_flops + graph.bwd_flops) * gb / self.b0
+        recompute_flops = sum(graph.layers[l].stats.fwd_flops
                               for st in p.stages if st.checkpoint
                               for l in range(st.start, st.end) if self.ms.is_block[l]) \
             * gb / self.b0
-        world = self.devices(p)
-        peak = cm.compute.peak
-        time = TimeBreakdown(compute=compute, recompute=recompute, tp_comm=tp_comm,
-                             dp_comm=dp_comm, pp_comm=pp_comm, bubble=bubble,
-                             optimizer=optimizer)
-        if self.composer is not None:
-            step, time = self._shared_cores(p, dev_chunks, syncs, step)
-        return self._calibrated(Prediction(
-            step_time_s=step, tokens_per_s=tokens / step, samples_per_s=gb / step,
-            model_tflops_per_device=model_flops / step / world / 1e12,
-            hardware_tflops_per_device=(model_flops + recompute_flops) / step / world / 1e12,
-            mfu=model_flops / step / world / peak, memory=worst,
-            memory_limit_bytes=self.cm.cluster.device.memory_bytes,
-            time=time, memory_per_stage=tuple(per_stage)))
+        return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
+                        virtual_stages=p.virtual_stages, samples=gb,
+                        tokens=gb * (graph.batch.seq_len or 1), model_flops=model_flops,
+                        recompute_flops=recompute_flops)
 
-    def _shared_cores(self, p: PipelineChoice, dev_chunks: list[list[StageCost]],
-                      syncs: list[tuple[float, float, float]], step: float
-                      ) -> tuple[float, TimeBreakdown]:
-        """The step on ranks sharing CPU cores (:mod:`autoplan.cost.shared_cores`, as the
-        Estimator composes it): ``max(T_cap, share x step)``, T_cap the mean over ranks of
-        each rank's work (pipeline rank d's, on each of its submesh's devices: a mean
-        weighted by submesh size, which for equal submeshes is the Estimator's mean over
-        pipeline ranks). Returns (step, breakdown: the mean rank's terms, bubble the rest)."""
-        comp = self.composer
-        cm = self.cm
-        m = p.num_micro_batches
-        keys = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "optimizer")
-        total = dict.fromkeys(keys, 0.0)
-        devices = 0
-        for cs, (t_reduce, t_gather, local) in zip(dev_chunks, syncs):
-            n = cs[0].mesh.size
-            w = dict.fromkeys(keys, 0.0)
-            for c in cs:
-                w["compute"] += m * (c.fwd + c.bwd)
-                w["recompute"] += m * c.fwd if c.checkpoint else 0.0
-                w["tp_comm"] += m * (c.cpu_tp_fwd + c.cpu_tp_bwd +
-                                     (c.cpu_tp_fwd if c.checkpoint else 0.0))
-                w["pp_comm"] += m * 2 * c.send
-            if t_reduce > 0:         # data parallel: FSDP's per-module work, and in full
-                w["dp_comm"] += m * sum(c.modules for c in cs) * comp.dp_module_overhead_s \
-                    / comp.share
-                w["dp_comm"] += t_reduce + m * 2 * t_gather
-            w["optimizer"] = comp.optimizer_scale * cm.compute.optimizer_time(local)
-            for k in keys:
-                total[k] += n * w[k]
-            devices += n
-        avg = {k: v / devices for k, v in total.items()}
-        capacity = sum(avg.values())
-        out = max(capacity, comp.share * step)
-        return out, TimeBreakdown(**avg, bubble=out - capacity)
-
-    def _calibrated(self, pred: Prediction) -> Prediction:
-        """The cluster's calibration factors per term, as the Estimator applies them (the
-        Estimator's composition for ranks sharing CPU cores is uniform-only: not here);
-        plain Python floats throughout (the plan's JSON)."""
-        pred = self.cm.calibration.apply(pred) if self.cm.calibration else pred
-        mem = lambda m: MemoryBreakdown(**{f: float(getattr(m, f)) for f in   # noqa: E731
-                                           ("params", "grads", "optimizer", "activations",
-                                            "other")})
-        t = pred.time
-        return Prediction(
-            step_time_s=float(pred.step_time_s), tokens_per_s=float(pred.tokens_per_s),
-            samples_per_s=float(pred.samples_per_s),
-            model_tflops_per_device=float(pred.model_tflops_per_device),
-            hardware_tflops_per_device=float(pred.hardware_tflops_per_device),
-            mfu=float(pred.mfu), memory=mem(pred.memory),
-            memory_limit_bytes=float(pred.memory_limit_bytes),
-            time=TimeBreakdown(**{f: float(getattr(t, f)) for f in (
-                "compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble",
-                "optimizer")}),
-            memory_per_stage=tuple(mem(m) for m in pred.memory_per_stage))
+    def predict(self, p: PipelineChoice) -> Prediction:
+        """The prediction for ``p`` (:meth:`autoplan.cost.step.StepModel.compose`)."""
+        return self.step.compose(self.chunks(p), self.workload(p))
 
     # ---- placement of stages on the cluster ----------------------------------------------
     @staticmethod
@@ -536,7 +392,7 @@ class Evaluator:
             pos += p.stages[d].mesh.size
         return out
 
-    def _cross(self, a_start: int, a_size: int, b_start: int, b_size: int) -> bool:
+    def cross_node(self, a_start: int, a_size: int, b_start: int, b_size: int) -> bool:
         """Consecutive stages talk inside a node when both fit in one (the Estimator's
         rule for pipeline sends)."""
         return self.cm.cluster.nodes > 1 and a_size + b_size > self.cm.cluster.devices_per_node

@@ -165,14 +165,14 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
                      if st.checkpoint and ms.is_block[l])
         split = math.prod(st.mesh.shape[axis_names.index(a)] for a in data) if data else 1
         nxt = (c + 1) % p.pp
-        cross = c == n - 1 or ev._cross(offsets[d], st.mesh.size, offsets[nxt],
+        cross = c == n - 1 or ev.cross_node(offsets[d], st.mesh.size, offsets[nxt],
                                         p.stages[c + 1].mesh.size)
         sc = ev.stage_cost(st, p.micro_batch, last=c == n - 1, cross_node=cross)
         predicted = {"compute_s": float(sc.fwd + sc.bwd),
                      "layer_comm_s": float(sc.tp_fwd + sc.tp_bwd),
                      "recompute_s": float(sc.fwd + sc.tp_fwd) if st.checkpoint else 0.0,
                      "send_s": float(2 * sc.send), "activation_bytes": float(sc.act),
-                     "parameters_local": float(sc.psi.sum()), "mesh": st.mesh.label()}
+                     "parameters_local": float(sum(b.count for b in sc.buckets)), "mesh": st.mesh.label()}
         stages.append(Stage(index=c, layers=(st.start, st.end), layer_names=names,
                             ranks=ranks, mesh_shape=tuple(st.mesh.shape),
                             checkpoint_layers=ckpt, axis_names=axis_names, zero=st.zero,

@@ -1,0 +1,301 @@
+"""One training step from per-chunk terms: the single place the cost model is composed.
+
+Every pricer — the grid (:class:`~autoplan.planner.estimate.Estimator`), the search
+(:class:`~autoplan.planner.evaluate.Evaluator`), ``autoplan estimate``, the report and
+calibration — prices the *chunks* of a configuration (a chunk: a contiguous layer range on
+one pipeline rank's devices) into :class:`ChunkCost` records and hands them to
+:meth:`StepModel.compose`, which turns them into a step time and per-device memory
+(a :class:`~autoplan.plan.Prediction`). How a chunk is priced differs (per layer kind under a
+uniform TP degree, or per op under searched placements); how chunks make a step does not.
+
+Notation: chunk c on pipeline rank d = c mod pp (pp ranks, v chunks each, m micro-batches),
+per micro-batch: compute t_f(c), t_b(c); in-layer communication (tensor parallelism,
+resharding) tp_f(c), tp_b(c); the pipeline send of its output s(c) (its gradient comes back,
+so 2 s per micro-batch); r(c) = 1 if its blocks are recomputed (full activation
+checkpointing: the forward and its communication again in backward).
+
+**Pipeline** (Alpa, Zheng et al. 2022, eq. 2; GPipe and 1F1B take the same time)::
+
+    T_c = t_f + t_b + tp_f + tp_b + 2 s + r (t_f + tp_f)        per micro-batch
+    T_d = sum over the chunks c of rank d of T_c
+    T   = sum_d T_d + (m - 1) max_d T_d                          v = 1
+    T   = m max_d T_d + (pp - 1) max_d T_d / v                   interleaved 1F1B
+
+(Narayanan et al. 2021: the interleaved bubble is (pp - 1)/(v m) of the ideal time).
+The breakdown is the slowest rank's: compute m sum (t_f + t_b), recompute m sum r t_f,
+tp_comm m sum (tp_f + tp_b + r tp_f), pp_comm m sum 2 s, bubble = T minus those.
+
+**Data parallelism.** A chunk's parameters come in buckets (:class:`ParamBucket`): psi_b
+local parameters whose gradients are summed over group g_b (the data-parallel group of a
+uniform plan; in a searched plan the mesh axes a parameter is replicated along while its op
+splits). Per rank d, with the Adam-state bytes (p, g, o) of the precision and R = 4 bytes
+per reduced gradient (fp32)::
+
+    A_d = sum_b all_reduce(R psi_b, g_b)                        once per step
+    G_d = sum_b all_gather(p psi_b, g_b)                        ZeRO-3: twice per micro-batch
+    E_d = x(A_d, sum_c t_b) + m x(2 G_d, sum_c (t_f + t_b))
+    x(C, W) = C - min(C, W) + OVERLAP_COST min(C, W)
+
+A collective overlapped with W seconds of compute adds what the compute cannot hide plus
+OVERLAP_COST of the hidden part (the reduction over the last micro-batch's backward; ZeRO-3's
+gathers over each micro-batch's compute; Rajbhandari et al. 2019 for the volumes: a
+reduce-scatter plus an all-gather is the all-reduce's volume).
+
+**Optimizer**: ``ComputeModel.optimizer_time`` of the local parameters, sum_b psi_b
+(/ |g_b| under ZeRO >= 1). **Step**: T + max_d E_d + max_d optimizer_d.
+
+**Memory** of rank d (:mod:`autoplan.cost.memory`): model states per bucket
+(``model_state_bytes(psi_b, dp=|g_b|, zero)``), activations ``in_flight(schedule, pp, d, m,
+v) * sum_c act(c) + max_c recompute_peak(c)``, and under ZeRO-3 (a bucket synced over more
+than one rank) two layers' gathered parameters, ``2 max_c gathered(c)`` (prefetch keeps the
+next layer gathered). The prediction's memory is the rank that needs the most.
+
+**Ranks sharing CPU cores** (:mod:`autoplan.cost.shared_cores`, when the cost model's
+:class:`~autoplan.cost.shared_cores.SharedCores` has share s < 1): the step is also bounded
+by the work of all ranks over the cores::
+
+    W_d  = m sum_c (t_f + t_b + r t_f + cpu_tp_f + cpu_tp_b + r cpu_tp_f + 2 s_c)
+           + [DP] (m modules_d dp_module_overhead / s + A_d + 2 m G_d)
+           + optimizer_scale optimizer_d
+    T'   = max(mean over devices of W_d, s * (T + max E + max optimizer))
+
+with cpu_tp the chunk's in-layer collectives as the engine issues them on CPU
+(:class:`ChunkCost`); the breakdown is the mean rank's, bubble the rest.
+
+**Calibration** (:mod:`autoplan.cost.calibration`), when the cluster has factors, scales the
+terms last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from autoplan.cost.comm import CommModel, Group
+from autoplan.cost.compute import ComputeModel
+from autoplan.cost.memory import PRECISION_BYTES, in_flight_micro_batches, model_state_bytes
+from autoplan.cost.shared_cores import SharedCores
+from autoplan.plan import MemoryBreakdown, Prediction, StageTime, TimeBreakdown
+
+# Fraction of an overlapped collective's time that still slows the step. An assumption (no
+# published figure in ../shared/reference/published.md), to be replaced by calibration from
+# measured runs (issue #4); it also makes the planner prefer less traffic when times tie.
+OVERLAP_COST = 0.1
+#: Bytes per gradient element in the data-parallel reduction (gradients reduced in fp32).
+REDUCE_BYTES = 4
+
+
+def exposed(comm: float, compute: float) -> float:
+    """x(C, W) of the module docstring: time a collective of ``comm`` seconds adds when
+    overlapped with ``compute`` seconds of work (its kernels take SMs and memory bandwidth
+    from the compute they overlap, OVERLAP_COST of the hidden part)."""
+    hidden = min(comm, compute)
+    return comm - hidden + OVERLAP_COST * hidden
+
+
+@dataclass(frozen=True)
+class ParamBucket:
+    """``count`` local parameters (after tensor sharding) per device whose gradients are
+    summed, and ZeRO shards their states, over ``group``: the group along mesh axes
+    ``axes`` (buckets of different axes stay apart even where their groups have the same
+    shape: each is its own collective)."""
+
+    axes: tuple
+    count: float
+    group: Group
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """One chunk, per micro-batch and device (module docstring)."""
+
+    fwd: float                  # compute seconds
+    bwd: float
+    tp_fwd: float               # in-layer communication seconds
+    tp_bwd: float
+    send: float                 # the output's send to the next chunk (0 for the last)
+    act: float                  # activation bytes kept for backward
+    recompute_peak: float       # one recomputed layer's full activations (bytes)
+    checkpoint: bool            # blocks recomputed in backward
+    buckets: tuple[ParamBucket, ...]
+    gathered: float             # largest layer's parameter bytes, gathered (ZeRO-3)
+    zero: int
+    devices: int                # the chunk's submesh size
+    cpu_tp_fwd: float = 0.0     # in-layer communication as issued on shared CPU cores
+    cpu_tp_bwd: float = 0.0
+    modules: int = 0            # FSDP units (the chunk's root and its blocks)
+
+    @property
+    def time(self) -> float:
+        """T_c: seconds of one micro-batch, forward and backward, on the critical path."""
+        t = self.fwd + self.bwd + self.tp_fwd + self.tp_bwd + 2 * self.send
+        if self.checkpoint:
+            t += self.fwd + self.tp_fwd
+        return t
+
+    def stage_time(self) -> StageTime:
+        r = self.checkpoint
+        return StageTime(forward=self.fwd, backward=self.bwd,
+                         recompute=self.fwd if r else 0.0, tp_forward=self.tp_fwd,
+                         tp_backward=self.tp_bwd, tp_recompute=self.tp_fwd if r else 0.0,
+                         send=self.send)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the step does beyond its chunks: m micro-batches of ``samples`` samples in
+    all, ``tokens`` tokens, FLOPs counted without and with recomputation."""
+
+    num_micro_batches: int
+    schedule: str
+    virtual_stages: int
+    samples: int
+    tokens: int
+    model_flops: float
+    recompute_flops: float
+
+
+class StepModel:
+    """The composition of the module docstring for one cost model (compute, communication,
+    precision, device), with its shared-core and calibration properties."""
+
+    def __init__(self, compute: ComputeModel, comm: CommModel, *, precision: str,
+                 memory_limit_bytes: float, peak_flops: float,
+                 shared: SharedCores | None = None, calibration=None):
+        if precision not in PRECISION_BYTES:
+            raise ValueError(f"precision must be one of {sorted(PRECISION_BYTES)}, "
+                             f"got {precision!r}")
+        self.compute = compute
+        self.comm = comm
+        self.precision = precision
+        self.param_bytes = PRECISION_BYTES[precision][0]
+        self.memory_limit_bytes = memory_limit_bytes
+        self.peak_flops = peak_flops
+        self.shared = shared if shared is not None and shared.share < 1 else None
+        self.calibration = calibration if calibration is not None and \
+            not calibration.is_identity else None
+
+    # ---- data parallelism of one pipeline rank ------------------------------------------
+    def _syncs(self, buckets: Sequence[ParamBucket], zero: int) -> tuple[float, float, float]:
+        """(A_d, G_d, local parameters the optimizer steps) of the module docstring."""
+        t_reduce = t_gather = local = 0.0
+        for b in buckets:
+            if b.group.size > 1 and b.count > 0:
+                t_reduce += self.comm.time("all_reduce", b.count * REDUCE_BYTES, b.group)
+                if zero == 3:
+                    t_gather += self.comm.time("all_gather", b.count * self.param_bytes,
+                                               b.group)
+            local += b.count / b.group.size if zero >= 1 else b.count
+        return t_reduce, t_gather, local
+
+    def _memory(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket],
+                in_flight: float, zero: int) -> MemoryBreakdown:
+        params = grads = optim = 0.0
+        for b in buckets:
+            s = model_state_bytes(b.count, dp=b.group.size, zero=zero, precision=self.precision)
+            params += s.params
+            grads += s.grads
+            optim += s.optimizer
+        acts = in_flight * sum(c.act for c in chunks)
+        acts += max((c.recompute_peak for c in chunks), default=0.0)
+        synced = any(b.group.size > 1 and b.count > 0 for b in buckets)
+        other = 2 * max(c.gathered for c in chunks) if zero == 3 and synced else 0.0
+        return MemoryBreakdown(params=params, grads=grads, optimizer=optim, activations=acts,
+                               other=other)
+
+    # ---- the step -----------------------------------------------------------------------
+    def compose(self, chunks: Sequence[ChunkCost], work: Workload) -> Prediction:
+        """The prediction of a step whose chunk c runs on pipeline rank c mod pp."""
+        v = work.virtual_stages
+        pp = len(chunks) // v
+        m = work.num_micro_batches
+        ranks = [list(chunks[d::pp]) for d in range(pp)]
+        rank_time = [sum(c.time for c in cs) for cs in ranks]
+        slow = max(range(pp), key=lambda d: rank_time[d])
+        if v == 1:
+            pipeline = sum(rank_time) + (m - 1) * rank_time[slow]
+        else:
+            pipeline = m * rank_time[slow] + (pp - 1) * rank_time[slow] / v
+        sc = ranks[slow]
+        compute = m * sum(c.fwd + c.bwd for c in sc)
+        recompute = m * sum(c.fwd for c in sc if c.checkpoint)
+        tp_comm = m * sum(c.tp_fwd + c.tp_bwd + (c.tp_fwd if c.checkpoint else 0.0)
+                          for c in sc)
+        pp_comm = m * sum(2 * c.send for c in sc)
+        bubble = max(0.0, pipeline - compute - recompute - tp_comm - pp_comm)
+
+        dp_exposed, opt_time, per_rank, syncs = [], [], [], []
+        for d, cs in enumerate(ranks):
+            zero = cs[0].zero
+            buckets = _merge([b for c in cs for b in c.buckets])
+            t_reduce, t_gather, local = self._syncs(buckets, zero)
+            e = exposed(t_reduce, sum(c.bwd for c in cs)) if t_reduce > 0 else 0.0
+            if t_gather > 0:
+                e += m * exposed(2 * t_gather, sum(c.fwd + c.bwd for c in cs))
+            dp_exposed.append(e)
+            opt_time.append(self.compute.optimizer_time(local))
+            syncs.append((t_reduce, t_gather, local))
+            in_flight = in_flight_micro_batches(work.schedule, pp, d, m, v)
+            per_rank.append(self._memory(cs, buckets, in_flight, zero))
+        dp_comm = max(dp_exposed)
+        optimizer = max(opt_time)
+        step = pipeline + dp_comm + optimizer
+        time = TimeBreakdown(compute=compute, recompute=recompute, tp_comm=tp_comm,
+                             dp_comm=dp_comm, pp_comm=pp_comm, bubble=bubble,
+                             optimizer=optimizer)
+        if self.shared is not None:
+            step, time = self._shared_cores(ranks, syncs, m, step)
+        world = sum(cs[0].devices for cs in ranks)
+        pred = Prediction(
+            step_time_s=step, tokens_per_s=work.tokens / step,
+            samples_per_s=work.samples / step,
+            model_tflops_per_device=work.model_flops / step / world / 1e12,
+            hardware_tflops_per_device=(work.model_flops + work.recompute_flops)
+            / step / world / 1e12,
+            mfu=work.model_flops / step / world / self.peak_flops,
+            memory=max(per_rank, key=lambda mb: mb.total),
+            memory_limit_bytes=self.memory_limit_bytes, time=time,
+            memory_per_stage=tuple(per_rank),
+            stage_times=tuple(c.stage_time() for c in chunks))
+        return self.calibration.apply(pred) if self.calibration is not None else pred
+
+    def _shared_cores(self, ranks: list[list[ChunkCost]],
+                      syncs: list[tuple[float, float, float]], m: int, step: float
+                      ) -> tuple[float, TimeBreakdown]:
+        """``max(T_cap, s x step)`` (module docstring), and the mean rank's breakdown."""
+        sh = self.shared
+        keys = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "optimizer")
+        work = []
+        for cs, (t_reduce, t_gather, local) in zip(ranks, syncs):
+            w = dict.fromkeys(keys, 0.0)
+            for c in cs:
+                w["compute"] += m * (c.fwd + c.bwd)
+                w["recompute"] += m * c.fwd if c.checkpoint else 0.0
+                w["tp_comm"] += m * (c.cpu_tp_fwd + c.cpu_tp_bwd +
+                                     (c.cpu_tp_fwd if c.checkpoint else 0.0))
+                w["pp_comm"] += m * 2 * c.send
+            if t_reduce > 0:         # data parallel: FSDP's per-module work, and in full
+                w["dp_comm"] += m * sum(c.modules for c in cs) * sh.dp_module_overhead_s \
+                    / sh.share
+                w["dp_comm"] += t_reduce
+                w["dp_comm"] += m * 2 * t_gather
+            w["optimizer"] = sh.optimizer_scale * self.compute.optimizer_time(local)
+            work.append((cs[0].devices, w))
+        sizes = {n for n, _ in work}
+        if len(sizes) == 1:          # equal submeshes: the mean over pipeline ranks
+            avg = {k: sum(w[k] for _, w in work) / len(work) for k in keys}
+        else:                        # a mean over devices
+            devices = sum(n for n, _ in work)
+            avg = {k: sum(n * w[k] for n, w in work) / devices for k in keys}
+        capacity = sum(avg.values())
+        out = max(capacity, sh.share * step)
+        return out, TimeBreakdown(**avg, bubble=out - capacity)
+
+
+def _merge(buckets: list[ParamBucket]) -> list[ParamBucket]:
+    """Buckets of one rank's chunks summed per axes (in chunk order), sorted by axes."""
+    out: dict[tuple, ParamBucket] = {}
+    for b in buckets:
+        have = out.get(b.axes)
+        out[b.axes] = ParamBucket(b.axes, (have.count if have else 0.0) + b.count, b.group)
+    return [out[k] for k in sorted(out, key=lambda axes: (len(axes), axes))]
