@@ -38,6 +38,7 @@ weights.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -257,3 +258,50 @@ def active_params(model: nn.Module) -> int:
             if p.dim() == 3 and p.shape[0] == experts:
                 idle += p.numel() * (1 - top_k / experts)
     return round(total - idle)
+
+
+def _capacity_factor(module: nn.Module) -> float:
+    if isinstance(module, MoE):
+        return module.capacity_factor
+    return float(getattr(getattr(module, "config", None), "autoplan_capacity_factor", 1.0))
+
+
+def _hidden(module: nn.Module) -> int:
+    """The model width the experts read and write (the all-to-all's row size)."""
+    if isinstance(module, MoE):
+        return module.down.shape[1]
+    down = module.down_proj                       # (E, h, I), or (E, I, h) when transposed
+    return down.shape[2] if getattr(module, "is_transposed", False) else down.shape[1]
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """One MoE module of a model: what the tracer records of it."""
+
+    experts: int
+    top_k: int
+    capacity_factor: float
+    hidden: int
+    params: tuple[str, ...]           # FQNs of its expert weights (dim 0 over the experts)
+
+    def a2a_bytes(self, tokens: int, elem_bytes: int) -> int:
+        """One all-to-all's bytes per rank for ``tokens`` tokens (GShard dispatch/combine:
+        the ``(E, C, h)`` capacity buffer)."""
+        return capacity(tokens, self.experts, self.top_k, self.capacity_factor) \
+            * self.experts * self.hidden * elem_bytes
+
+
+def expert_layers(model: nn.Module) -> list[ExpertLayer]:
+    """Every MoE module of ``model`` (the built-in :class:`MoE` and transformers' experts
+    modules), with the FQNs of its expert weights."""
+    out = []
+    for prefix, module in model.named_modules():
+        routing = _routing_of(module)
+        if routing is None:
+            continue
+        experts, top_k = routing
+        names = tuple(f"{prefix}.{n}" if prefix else n
+                      for n, p in module.named_parameters(recurse=False)
+                      if p.dim() == 3 and p.shape[0] == experts)
+        out.append(ExpertLayer(experts, top_k, _capacity_factor(module), _hidden(module), names))
+    return out
