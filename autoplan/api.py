@@ -318,12 +318,14 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     world = problem.cluster.world_size
     if dp is None:
         if world % (tp * pp * cp):
-            raise ConfigError(f"tp*pp*cp = {tp * pp * cp} does not divide the {world} devices "
-                              f"of {problem.cluster.name}", field="tp")
+            what = "tp*pp*cp" if cp > 1 else "tp*pp"
+            raise ConfigError(f"{what} = {tp * pp * cp} does not divide the {world} devices of "
+                              f"{problem.cluster.name}", field="tp")
         dp = world // (tp * pp * cp)
     if dp * cp * tp * pp != world:
-        raise ConfigError(f"dp*cp*tp*pp = {dp}*{cp}*{tp}*{pp} = {dp * cp * tp * pp} but the "
-                          f"cluster has {world} devices", field="dp")
+        what, parts = ("dp*cp*tp*pp", (dp, cp, tp, pp)) if cp > 1 else ("dp*tp*pp", (dp, tp, pp))
+        raise ConfigError(f"{what} = {'*'.join(map(str, parts))} = {dp * cp * tp * pp} but "
+                          f"the cluster has {world} devices", field="dp")
     if dp % ep:
         raise ConfigError(f"ep = {ep} must divide dp = {dp} (expert parallelism folds into "
                           "data parallelism)", field="ep")
