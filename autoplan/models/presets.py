@@ -121,6 +121,13 @@ def register_all() -> None:
         register_preset(name, "gpt", dict(vocab_size=128256, seq_len=8192, hidden=h, layers=l,
                                           heads=a, kv_heads=kv, ffn_hidden=f, style="llama",
                                           rope_theta=500000.0))
+    # Llama 3.1 405B's long-context stage: 131,072-token sequences (Dubey et al. 2024,
+    # sec. 3.4.2 and Table 4: CP 16 x TP 8 x PP 16 x DP 8 on 16,384 H100s, 380 TFLOP/s/GPU).
+    h, l, a, kv, f = _LLAMA3["llama3-405b"]
+    register_preset("llama3-405b-128k", "gpt", dict(vocab_size=128256, seq_len=131072,
+                                                    hidden=h, layers=l, heads=a, kv_heads=kv,
+                                                    ffn_hidden=f, style="llama",
+                                                    rope_theta=500000.0))
     for name, (h, l, a, kv, f, seq) in _LLAMA2_MISTRAL.items():
         register_preset(name, "gpt", dict(vocab_size=32000, seq_len=seq, hidden=h, layers=l,
                                           heads=a, kv_heads=kv, ffn_hidden=f, style="llama",
