@@ -122,10 +122,14 @@ class Estimator:
         return self._axis_group(p.dp * p.cp, p.tp)
 
     def expert_dp_group(self, p: ParallelConfig) -> Group:
-        """The ranks holding the same experts: dp·cp / ep of them, ep·cp·tp apart."""
+        """The ranks holding the same experts: dp / ep data-parallel indices (those equal
+        modulo ep) times all cp, dp·cp / ep ranks. A node holds R = devices / tp (dp, cp)
+        positions, row-major: R // cp whole dp indices, 1/ep of them in the group, each with
+        its cp ranks (or, when R < cp, R ranks of one dp index)."""
         size = p.dp * p.cp // p.ep
-        return Group(size=size, ranks_per_node=min(size, max(
-            1, self.cluster.devices_per_node // (p.ep * p.cp * p.tp))))
+        r = max(1, self.cluster.devices_per_node // p.tp)
+        per_node = max(1, (r // p.cp) // p.ep) * p.cp if r >= p.cp else r
+        return Group(size=size, ranks_per_node=min(size, per_node))
 
     def pp_link(self, p: ParallelConfig) -> Group:
         """Consecutive pipeline ranks are dp·cp·tp ranks apart: same node only if that fits."""
