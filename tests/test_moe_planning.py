@@ -89,3 +89,24 @@ def test_grid_offers_ep_for_experts_and_cp_for_long_sequences(moe, long):
     eps = {c.ep for c in enumerate_configs(moe.graph, moe.cluster, 64)}
     cps = {c.cp for c in enumerate_configs(long.graph, long.cluster, 16)}
     assert eps == {1, 2, 4, 8} and cps == {1, 2, 4}
+
+
+def test_exports_express_ep_and_cp_where_the_target_can(long):
+    from autoplan.export.common import NotExpressibleError
+    from autoplan.export.deepspeed import to_deepspeed
+    from autoplan.export.megatron import to_megatron
+    from autoplan.export.torchtitan import to_torchtitan
+    from autoplan.models.registry import resolve
+
+    problem = prepare(resolve("gpt", **{**LONG, "experts": 8, "top_k": 2}), "dgx-h100",
+                      nodes=2, global_batch=16)
+    z1 = estimate(None, None, global_batch=16, problem=problem, tp=1, cp=2, ep=4, zero=1)
+    text = to_megatron(z1).text
+    for flag in ("--context-parallel-size 2", "--expert-model-parallel-size 4",
+                 "--num-experts 8", "--moe-router-topk 2", "(tp 1 x pp 1 x cp 2)"):
+        assert flag in text
+    z3 = estimate(None, None, global_batch=16, problem=problem, tp=1, cp=2, ep=4, zero=3)
+    toml = to_torchtitan(z3).text
+    assert "context_parallel_degree = 2" in toml and "expert_parallel_degree = 4" in toml
+    with pytest.raises(NotExpressibleError, match="ep = 4, cp = 2"):
+        to_deepspeed(z3)
