@@ -79,6 +79,13 @@ def check_model(plan: Plan, source: str) -> ModelSpec:
 def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
     """What this engine can execute: uniform stage submeshes on the standard layout,
     shardable sizes, placements it can apply, supported precisions."""
+    if plan.parallel.ep > 1 or plan.parallel.cp > 1:
+        raise PlanError(f"plan {source}: field 'parallel' asks for expert (ep = "
+                        f"{plan.parallel.ep}) or context (cp = {plan.parallel.cp}) "
+                        "parallelism, which the engine does not run from a plan yet (the "
+                        "built-in GPT's layers support both: autoplan.models.moe, "
+                        "autoplan.models.context_parallel); export it to Megatron-LM or "
+                        "torchtitan, or plan with --ep 1 --cp 1")
     p = plan.parallel
     if tuple(plan.mesh.axis_names) != ("pp", "dp", "tp"):
         raise PlanError(f"plan {source}: field 'mesh.axis_names' must be ['pp', 'dp', 'tp'], "

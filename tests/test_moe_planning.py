@@ -10,7 +10,7 @@ from autoplan.planner.uniform import context_degrees, enumerate_configs, expert_
 
 MOE = dict(vocab_size=512, seq_len=256, hidden=128, layers=4, heads=4, kv_heads=2,
            style="llama", experts=8, top_k=2)
-LONG = dict(vocab_size=512, seq_len=8192, hidden=128, layers=4, heads=4, kv_heads=2,
+LONG = dict(vocab_size=512, seq_len=32768, hidden=128, layers=4, heads=4, kv_heads=2,
             style="llama")
 
 
@@ -36,8 +36,8 @@ def test_trace_records_experts_and_keys(moe, long):
     # one all-to-all: capacity (2 x 256 / 8 = 64 slots) x 8 experts x 128 wide, bf16
     assert block.moe_a2a_bytes == 64 * 8 * 128 * 2
     assert g.active_params < g.num_params
-    # keys and values before grouped-query expansion: 2 x 8192 tokens x 2 heads x 32, bf16
-    assert long.graph.blocks()[0].stats.kv_bytes == 2 * 8192 * 64 * 2
+    # keys and values before grouped-query expansion: 2 x 32768 tokens x 2 heads x 32, bf16
+    assert long.graph.blocks()[0].stats.kv_bytes == 2 * 32768 * 64 * 2
 
 
 def test_expert_parallelism_splits_expert_weights_and_adds_all_to_alls(moe):
@@ -85,7 +85,7 @@ def test_grid_offers_ep_for_experts_and_cp_for_long_sequences(moe, long):
     assert expert_degrees(moe.graph, 16) == [1, 2, 4, 8]
     assert expert_degrees(long.graph, 16) == [1]
     assert context_degrees(moe.graph, 16) == [1]                  # 256 tokens: too short
-    assert context_degrees(long.graph, 16) == [1, 2, 4]           # >= 2048 tokens a rank
+    assert context_degrees(long.graph, 16) == [1, 2, 4]           # >= 8192 tokens a rank
     eps = {c.ep for c in enumerate_configs(moe.graph, moe.cluster, 64)}
     cps = {c.cp for c in enumerate_configs(long.graph, long.cluster, 16)}
     assert eps == {1, 2, 4, 8} and cps == {1, 2, 4}
