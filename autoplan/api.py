@@ -378,18 +378,20 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
              precision: str | None = None, tp: int = 1, pp: int = 1, dp: int | None = None,
              zero: int = 0, micro_batch: int = 1, checkpoint: str = "none",
              schedule: str = "1f1b", virtual_stages: int = 1,
-             sequence_parallel: bool = False, problem: Problem | None = None) -> Plan:
+             sequence_parallel: bool = False, ep: int = 1, cp: int = 1,
+             problem: Problem | None = None) -> Plan:
     """The prediction for one configuration the user gives, as a Plan (check ``fits(plan)``).
 
-    ``dp`` defaults to world / (tp·pp); the number of micro-batches follows from the global
-    batch: ``m = global_batch / (dp · micro_batch)``. A degree or size that is not a positive
+    ``dp`` defaults to world / (tp·pp·cp); the number of micro-batches follows from the
+    global batch: ``m = global_batch / (dp · micro_batch)``. ``ep``: expert parallelism (a
+    divisor of dp splitting the experts); ``cp``: context parallelism (ranks per sequence). A degree or size that is not a positive
     integer, or degrees that do not multiply to the cluster's devices, raise ConfigError
     naming the argument (before the model is traced).
     """
     from autoplan.plan import SCHEDULES
 
     for name, value in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch),
-                        ("virtual_stages", virtual_stages)):
+                        ("virtual_stages", virtual_stages), ("ep", ep), ("cp", cp)):
         _count(value, name)
     if dp is not None:
         _count(dp, "dp")
@@ -409,13 +411,28 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
                           seq_len=seq_len, precision=precision)
     world = problem.cluster.world_size
     if dp is None:
-        if world % (tp * pp):
-            raise ConfigError(f"tp*pp = {tp * pp} does not divide the {world} devices of "
+        if world % (tp * pp * cp):
+            what = "tp*pp*cp" if cp > 1 else "tp*pp"
+            raise ConfigError(f"{what} = {tp * pp * cp} does not divide the {world} devices of "
                               f"{problem.cluster.name}", field="tp")
-        dp = world // (tp * pp)
-    if dp * tp * pp != world:
-        raise ConfigError(f"dp*tp*pp = {dp}*{tp}*{pp} = {dp * tp * pp} but the cluster has "
-                          f"{world} devices", field="dp")
+        dp = world // (tp * pp * cp)
+    if dp * cp * tp * pp != world:
+        what, parts = ("dp*cp*tp*pp", (dp, cp, tp, pp)) if cp > 1 else ("dp*tp*pp", (dp, tp, pp))
+        raise ConfigError(f"{what} = {'*'.join(map(str, parts))} = {dp * cp * tp * pp} but "
+                          f"the cluster has {world} devices", field="dp")
+    if dp % ep:
+        raise ConfigError(f"ep = {ep} must divide dp = {dp} (expert parallelism folds into "
+                          "data parallelism)", field="ep")
+    experts = problem.graph.experts
+    if ep > 1 and (not experts or experts % ep):
+        raise ConfigError(f"ep = {ep} needs a mixture of experts whose expert count it "
+                          f"divides; {problem.spec.name} has {experts or 'no'} experts",
+                          field="ep")
+    seq = problem.graph.batch.seq_len
+    if cp > 1 and (not seq or seq % (2 * cp) or any(
+            layer.stats.kv_bytes == 0 for layer in problem.graph.blocks())):
+        raise ConfigError(f"cp = {cp} needs scaled-dot-product attention in every block and "
+                          f"a sequence length divisible by 2 x cp (got {seq})", field="cp")
     per_rank, rem = divmod(problem.global_batch, dp * micro_batch)
     if rem or per_rank < 1:
         raise ConfigError(f"global batch {problem.global_batch} is not divisible by dp * "
@@ -424,7 +441,7 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sequence_parallel,
                               micro_batch=micro_batch, num_micro_batches=per_rank,
                               schedule=schedule, virtual_stages=virtual_stages,
-                              checkpoint=checkpoint)
+                              checkpoint=checkpoint, ep=ep, cp=cp)
     _check_shardable(problem, parallel)
     prediction = problem.estimator().predict(parallel)
     return build_plan(problem.graph, problem.spec, problem.cluster, parallel,

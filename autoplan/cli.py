@@ -142,6 +142,10 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default="1f1b")
     g.add_argument("--virtual-stages", type=_count(1), default=1)
     g.add_argument("--sp", action="store_true", help="sequence parallelism (needs tp > 1)")
+    g.add_argument("--ep", type=_count(1), default=1,
+                   help="expert parallelism: experts split over ep of the dp ranks (MoE)")
+    g.add_argument("--cp", type=_count(1), default=1,
+                   help="context parallelism: each sequence split over cp ranks")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,12 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     from autoplan.errors import ConfigError
+    from autoplan.models.registry import source_of
 
     out: dict[str, Any] = {}
     for key in ("layers", "hidden", "heads", "vocab_size"):
         if getattr(args, key, None) is not None:
             out[key] = getattr(args, key)
-    if getattr(args, "seq_len", None) is not None and args.model.split(":")[0] not in ("hf", "import"):
+    if getattr(args, "seq_len", None) is not None and source_of(args.model) == "builtin":
         out.setdefault("seq_len", args.seq_len)
     if getattr(args, "task", None) is not None:
         if args.model.split(":")[0] != "hf":
@@ -368,7 +373,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     mine = estimate(None, None, global_batch=args.global_batch, problem=problem, tp=args.tp,
                     pp=args.pp, dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
                     checkpoint=args.checkpoint, schedule=args.schedule,
-                    virtual_stages=args.virtual_stages, sequence_parallel=args.sp)
+                    virtual_stages=args.virtual_stages, sequence_parallel=args.sp,
+                    ep=args.ep, cp=args.cp)
     best = None
     if not args.no_compare:
         best, _ = _progress_search(problem, top_k=0, quiet=args.json)

@@ -87,10 +87,17 @@ class ParamInfo:
     layer: int
     tp_role: TPRole = "replicated"             # of the op that reads it
     tp_dim: int | None = None                  # dim sharded under TP (0 column, 1 row), or None
+    experts: int = 0                           # E: dim 0 runs over E experts (0: not an expert weight)
+    top_k: int = 0                             # experts each token uses (expert weights)
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def active_numel(self) -> float:
+        """Elements one token uses: top_k / E of an expert weight, all of any other."""
+        return self.numel * self.top_k / self.experts if self.experts else self.numel
 
 
 @dataclass(frozen=True)
@@ -118,6 +125,10 @@ class LayerStats:
     output_bytes: int = 0              # the layer's output activation (pipeline send size)
     tp_allreduce_fwd_bytes: int = 0    # sum of row-op outputs: all-reduced in forward under TP
     tp_allreduce_bwd_bytes: int = 0    # sum of column-op inputs: grad all-reduced in backward
+    expert_params: int = 0             # of params, expert weights (split by expert parallelism)
+    expert_params_tp: int = 0          # of which sharded under TP too
+    moe_a2a_bytes: int = 0             # one expert all-to-all's bytes per rank (dispatch or combine)
+    kv_bytes: int = 0                  # keys + values entering attention (context parallelism)
 
 
 @dataclass
@@ -162,6 +173,16 @@ class OpGraph:
         return sum(p.numel for p in self.params.values())
 
     @property
+    def active_params(self) -> int:
+        """Parameters one token uses (mixture of experts: top_k of E expert weights)."""
+        return round(sum(p.active_numel for p in self.params.values()))
+
+    @property
+    def experts(self) -> int:
+        """E of the model's mixture-of-experts layers (the largest), 0 if it has none."""
+        return max((p.experts for p in self.params.values()), default=0)
+
+    @property
     def fwd_flops(self) -> float:
         return sum(layer.stats.fwd_flops for layer in self.layers)
 
@@ -187,6 +208,7 @@ class OpGraph:
             "fingerprint": self.fingerprint,
             "ops": len(self.nodes),
             "params": self.num_params,
+            "active_params": self.active_params,
             "layers": len(self.layers),
             "layer_kinds": {k: len(v) for k, v in kinds.items()},
             "fwd_flops": self.fwd_flops,

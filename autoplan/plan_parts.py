@@ -36,11 +36,17 @@ class ParallelConfig:
     schedule: str = "1f1b"
     virtual_stages: int = 1            # model chunks per pipeline rank (interleaved 1F1B)
     checkpoint: str = "none"           # "none" | "full" (every block's input only)
+    ep: int = 1                        # expert parallelism: experts split over ep of the dp ranks
+    cp: int = 1                        # context parallelism: each sequence split over cp ranks
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages"):
+        for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages",
+                     "ep", "cp"):
             pf.count(getattr(self, name), f"parallel.{name}",
-                   high=MAX_DEVICES if name in ("dp", "tp", "pp") else MAX_COUNT)
+                     high=MAX_DEVICES if name in ("dp", "tp", "pp", "ep", "cp") else MAX_COUNT)
+        if self.dp % self.ep:
+            raise PlanError(f"field 'parallel.ep': expert parallelism folds into data "
+                            f"parallelism, so ep ({self.ep}) must divide dp ({self.dp})")
         if not pf.is_int(self.zero) or self.zero not in (0, 1, 2, 3):
             raise PlanError(f"field 'parallel.zero': must be 0, 1, 2 or 3, "
                             f"got {pf.show.repr(self.zero)}")
@@ -61,14 +67,16 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def global_batch(self) -> int:
         return self.dp * self.micro_batch * self.num_micro_batches
 
     def label(self) -> str:
         """Short human label, e.g. 'dp8 tp4 pp2 z1 mb2x16 1f1b ckpt'."""
-        parts = [f"dp{self.dp}", f"tp{self.tp}" + ("+sp" if self.sequence_parallel else ""),
+        parts = [f"dp{self.dp}"] + [f"{k}{getattr(self, k)}" for k in ("ep", "cp")
+                                     if getattr(self, k) > 1]
+        parts += [f"tp{self.tp}" + ("+sp" if self.sequence_parallel else ""),
                  f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""),
                  f"z{self.zero}", f"mb{self.micro_batch}x{self.num_micro_batches}",
                  self.schedule]
@@ -78,8 +86,8 @@ class ParallelConfig:
 
 
 def stage_ranks(parallel: ParallelConfig, pipeline_rank: int) -> tuple[int, ...]:
-    """Global ranks of pipeline rank ``p`` in the (pp, dp, tp) row-major mesh."""
-    per_stage = parallel.dp * parallel.tp
+    """Global ranks of pipeline rank ``p`` in the (pp, dp[, cp], tp) row-major mesh."""
+    per_stage = parallel.dp * parallel.cp * parallel.tp
     return tuple(range(pipeline_rank * per_stage, (pipeline_rank + 1) * per_stage))
 
 

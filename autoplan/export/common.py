@@ -25,9 +25,9 @@ KNOWN_FIELDS: dict[type, frozenset[str]] = {
                      "prediction", "alternatives", "planner", "created_by", "version"}),
     ParallelConfig: frozenset({"dp", "tp", "pp", "zero", "sequence_parallel", "micro_batch",
                                "num_micro_batches", "schedule", "virtual_stages",
-                               "checkpoint"}),
+                               "checkpoint", "ep", "cp"}),
     MeshSpec: frozenset({"shape", "axis_names", "device_type"}),
-    Stage: frozenset({"index", "layers", "layer_names", "ranks", "mesh_shape",
+    Stage: frozenset({"index", "layers", "layer_names", "ranks", "mesh_shape", "axis_names",
                       "checkpoint_layers"}),
 }
 
@@ -122,13 +122,15 @@ def uniform_layout(plan: Plan, target: str) -> Layout:
     for st in plan.stages:
         reasons += _unknown_fields(st, f"stages[{st.index}].")
     p = plan.parallel
-    if tuple(plan.mesh.axis_names) != MESH_AXES or tuple(plan.mesh.shape) != (p.pp, p.dp, p.tp):
+    axes, stage = (MESH_AXES, (p.dp, p.tp)) if p.cp == 1 else (
+        ("pp", "dp", "cp", "tp"), (p.dp, p.cp, p.tp))
+    if tuple(plan.mesh.axis_names) != axes or tuple(plan.mesh.shape) != (p.pp, *stage):
         reasons.append(f"mesh {dict(zip(plan.mesh.axis_names, plan.mesh.shape))} is not the "
-                       f"uniform (pp, dp, tp) = ({p.pp}, {p.dp}, {p.tp})")
+                       f"uniform {axes} = {(p.pp, *stage)}")
     shapes = {tuple(st.mesh_shape) for st in plan.stages}
-    if shapes != {(p.dp, p.tp)}:
+    if shapes != {stage}:
         reasons.append(f"per-stage meshes {sorted(shapes)} (heterogeneous stages; the target "
-                       f"runs one (dp, tp) = ({p.dp}, {p.tp}) everywhere)")
+                       f"runs one {axes[1:]} = {stage} everywhere)")
     for st in plan.stages:
         expected = stage_ranks(p, st.index % p.pp)
         if tuple(st.ranks) != expected:

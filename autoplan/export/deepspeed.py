@@ -34,6 +34,10 @@ def deepspeed_config(plan: Plan) -> tuple[dict, list[str]]:
         reasons.append(f"tensor parallelism (tp = {p.tp}) is outside DeepSpeed's JSON config: "
                        "it comes from the model code (Megatron-DeepSpeed "
                        "--tensor-model-parallel-size); export --to megatron")
+    if p.ep > 1 or p.cp > 1:
+        reasons.append(f"expert / context parallelism (ep = {p.ep}, cp = {p.cp}) is outside "
+                       "DeepSpeed's JSON config (DeepSpeed-MoE and Ulysses are set up in "
+                       "the model code); export --to megatron or torchtitan")
     if p.pp > 1:
         reasons.append(f"pipeline parallelism (pp = {p.pp}) is outside DeepSpeed's JSON config: "
                        "it comes from the model code (PipelineModule(num_stages=...) or "

@@ -3,10 +3,14 @@
 Mapping (Megatron-LM ``megatron/training/arguments.py``):
 
 * ``--tensor-model-parallel-size tp``, ``--pipeline-model-parallel-size pp``; the
-  data-parallel size is implied (world size / (tp x pp)).
+  data-parallel size is implied (world size / (tp x pp x cp)).
 * interleaved 1F1B with v chunks per rank -> ``--num-layers-per-virtual-pipeline-stage
   L / (pp v)``; Megatron then needs the micro-batch count to be a multiple of pp.
 * ``--sequence-parallel``; ``--micro-batch-size``; ``--global-batch-size``.
+* context parallelism -> ``--context-parallel-size cp``; expert parallelism ->
+  ``--expert-model-parallel-size ep`` (Megatron-Core folds the expert-parallel group into
+  data parallelism as the plan does), with ``--num-experts`` / ``--moe-router-topk`` of a
+  built-in MoE GPT.
 * full recomputation of every block -> ``--recompute-granularity full --recompute-method
   uniform --recompute-num-layers 1``.
 * ZeRO-1 -> ``--use-distributed-optimizer``; bf16 compute -> ``--bf16``.
@@ -64,6 +68,10 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
                      str(layout.blocks_per_chunk[0])))
     if p.sequence_parallel:
         args.append(("--sequence-parallel",))
+    if p.cp > 1:
+        args.append(("--context-parallel-size", str(p.cp)))
+    if p.ep > 1:
+        args.append(("--expert-model-parallel-size", str(p.ep)))
     args += [("--micro-batch-size", str(p.micro_batch)),
              ("--global-batch-size", str(plan.global_batch))]
     if layout.checkpoint:
@@ -104,6 +112,14 @@ def _model_args(cfg) -> list[tuple[str, ...]]:
                  ("--disable-bias-linear",)]
     if not cfg.tie_embeddings:
         args.append(("--untie-embeddings-and-output-weights",))
+    if cfg.experts:
+        args += [("--num-experts", str(cfg.experts)), ("--moe-router-topk", str(cfg.top_k)),
+                 ("--moe-ffn-hidden-size", str(cfg.moe_ffn))]
+        if cfg.shared_experts:
+            args.append(("--moe-shared-expert-intermediate-size",
+                         str(cfg.shared_experts * cfg.moe_ffn)))
+        if cfg.capacity_factor != 1.0:
+            args.append(("--moe-expert-capacity-factor", f"{cfg.capacity_factor:g}"))
     return args
 
 
@@ -116,7 +132,7 @@ def to_megatron(plan: Plan) -> Export:
              f"# plan: {describe(plan.model)}, {p.label()}",
              f"# launch on {cl.get('nodes')} nodes x {cl.get('devices_per_node')} GPUs = "
              f"{plan.world_size} ranks; data-parallel size {p.dp} = {plan.world_size} / "
-             f"(tp {p.tp} x pp {p.pp}) is implied",
+             f"(tp {p.tp} x pp {p.pp}{f' x cp {p.cp}' if p.cp > 1 else ''}) is implied",
              "MEGATRON_PARALLEL_ARGS=("]
     lines += ["    " + " ".join(shlex.quote(a) for a in arg) for arg in args]
     lines += [")",

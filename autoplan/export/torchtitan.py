@@ -118,7 +118,9 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
               f"data_parallel_shard_degree = {shard}",
               f"tensor_parallel_degree = {p.tp}",
               "enable_async_tensor_parallel = false",
-              f"pipeline_parallel_degree = {p.pp}"]
+              f"pipeline_parallel_degree = {p.pp}",
+              f"context_parallel_degree = {p.cp}",
+              f"expert_parallel_degree = {p.ep}"]
     if p.zero == 3 and p.dp > 1:
         lines.append('fsdp_reshard_after_forward = "always"    # ZeRO-3: gather again for '
                      'backward')

@@ -32,6 +32,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from autoplan.models.moe import MoE
+
 
 @dataclass(frozen=True, kw_only=True)
 class GPTConfig:
@@ -48,12 +50,21 @@ class GPTConfig:
     tie_embeddings: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Mixture of experts (autoplan.models.moe): experts > 0 replaces every block's MLP by
+    # `experts` SwiGLU experts of width expert_ffn (None: ffn), top_k of them per token,
+    # plus shared_experts always-on ones; capacity_factor sizes each expert's token slots.
+    experts: int = 0
+    top_k: int = 2
+    expert_ffn: int | None = None
+    shared_experts: int = 0
+    capacity_factor: float = 1.0
 
     def __post_init__(self) -> None:
         from autoplan.errors import ConfigError
         from autoplan.models.registry import MAX_LAYERS, check_config_types
 
-        check_config_types(self, bounds={"layers": (1, MAX_LAYERS)})
+        check_config_types(self, bounds={"layers": (1, MAX_LAYERS), "experts": (0, 1 << 16),
+                                          "shared_experts": (0, 1 << 16)})
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}",
                               field="model.dropout")
@@ -69,6 +80,12 @@ class GPTConfig:
                               field="model.kv_heads")
         if self.style not in ("gpt", "llama"):
             raise ConfigError(f"style must be 'gpt' or 'llama', got {self.style!r}", field="model.style")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ConfigError(f"top_k must be in [1, experts={self.experts}], got {self.top_k}",
+                              field="model.top_k")
+        if not (self.capacity_factor > 0 and math.isfinite(self.capacity_factor)):
+            raise ConfigError(f"capacity_factor must be a positive number, got "
+                              f"{self.capacity_factor}", field="model.capacity_factor")
         if self.attention not in ("eager", "sdpa"):
             raise ConfigError(f"attention must be 'eager' or 'sdpa', got {self.attention!r}",
                               field="model.attention")
@@ -86,6 +103,10 @@ class GPTConfig:
         # Llama: 2/3 of 4h, rounded up to a multiple of 256
         return 256 * math.ceil(int(8 * self.hidden / 3) / 256)
 
+    @property
+    def moe_ffn(self) -> int:
+        return self.expert_ffn or self.ffn
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -95,8 +116,9 @@ class GPTConfig:
 
         return config_from_dict(cls, d, "GPT")
 
-    def num_params(self) -> int:
-        """Closed-form parameter count (used to cross-check the tracer)."""
+    def num_params(self, *, active: bool = False) -> int:
+        """Closed-form parameter count (used to cross-check the tracer); with ``active``,
+        the parameters one token uses (``top_k`` of the routed experts)."""
         h, f, v = self.hidden, self.ffn, self.vocab_size
         kv = (self.kv_heads or self.heads) * self.head_dim
         bias = self.style == "gpt"
@@ -107,6 +129,9 @@ class GPTConfig:
         else:
             mlp = 3 * h * f
             norms = 2 * h
+        if self.experts:
+            routed = self.top_k if active else self.experts
+            mlp = h * self.experts + 3 * h * self.moe_ffn * (routed + self.shared_experts)
         block = attn + mlp + norms
         emb = v * h + (self.seq_len * h if self.style == "gpt" else 0)
         final_norm = 2 * h if self.style == "gpt" else h
@@ -130,11 +155,14 @@ def _norm(cfg: GPTConfig) -> nn.Module:
     return nn.LayerNorm(cfg.hidden, eps=cfg.norm_eps)
 
 
-def _rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding (Su et al. 2021) on (b, s, heads, head_dim)."""
+def _rotary(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """Rotary position embedding (Su et al. 2021) on (b, s, heads, head_dim); ``positions``
+    (s,) default to 0 .. s-1 (context parallelism passes the rank's own)."""
     b, s, nh, hd = x.shape
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
-    t = torch.arange(s, device=x.device, dtype=torch.float32)
+    t = (torch.arange(s, device=x.device, dtype=torch.float32) if positions is None
+         else positions.to(device=x.device, dtype=torch.float32))
     freqs = torch.outer(t, inv_freq)                       # (s, hd/2)
     cos = freqs.cos()[None, :, None, :].to(x.dtype)
     sin = freqs.sin()[None, :, None, :].to(x.dtype)
@@ -154,6 +182,7 @@ class Attention(nn.Module):
         self.o = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.resid_drop = nn.Dropout(cfg.dropout)
+        self.cp = None                   # ContextParallel, set by GPT.shard_sequence
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
@@ -162,19 +191,26 @@ class Attention(nn.Module):
         q = self.q(x).view(b, s, -1, hd)
         k = self.k(x).view(b, s, -1, hd)
         v = self.v(x).view(b, s, -1, hd)
+        positions = None if self.cp is None else self.cp.positions(x.device)
         if cfg.style == "llama":
-            q, k = _rotary(q, cfg.rope_theta), _rotary(k, cfg.rope_theta)
+            q = _rotary(q, cfg.rope_theta, positions)
+            k = _rotary(k, cfg.rope_theta, positions)
+        mask = None
+        if self.cp is not None:          # keys and values of the whole sequence
+            k, v = self.cp.gather(k, 1), self.cp.gather(v, 1)
+            mask = self.cp.causal_mask(x.device)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # (b, heads, s, hd)
         rep = q.shape[1] // k.shape[1]
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         if cfg.attention == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=mask is None, attn_mask=mask,
                                                dropout_p=cfg.dropout if self.training else 0.0)
         else:
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+            if mask is None:
+                mask = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
             scores = scores.masked_fill(~mask, float("-inf"))
             y = self.attn_drop(scores.softmax(dim=-1)) @ v
         y = y.transpose(1, 2).reshape(b, s, -1)
@@ -206,7 +242,9 @@ class Block(nn.Module):
         self.norm1 = _norm(cfg)
         self.attn = Attention(cfg)
         self.norm2 = _norm(cfg)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg.hidden, cfg.moe_ffn, cfg.experts, cfg.top_k,
+                       capacity_factor=cfg.capacity_factor, shared=cfg.shared_experts
+                       ) if cfg.experts else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -242,7 +280,7 @@ class GPT(nn.Module):
             fill = 0.0 if name.endswith("bias") else 1.0
             return torch.full(tuple(shape), fill, dtype=torch.float32)
         std = 0.02
-        if name.endswith(("o.weight", "fc2.weight", "down.weight")):
+        if name.endswith(("o.weight", "fc2.weight", "down.weight", "mlp.down")):
             std = 0.02 / math.sqrt(2 * self.cfg.layers)
         return torch.randn(tuple(shape), generator=generator, dtype=torch.float32) * std
 
@@ -264,6 +302,16 @@ class GPT(nn.Module):
             p.copy_(self.init_value(name, p.shape, generator=gen).to(device=p.device,
                                                                     dtype=p.dtype))
 
+    def shard_sequence(self, group, seq_len: int) -> None:
+        """Context parallelism over ``group``: this model's inputs are then this rank's
+        tokens (:func:`autoplan.models.context_parallel.shard_rows` of sequences of
+        ``seq_len``), and attention all-gathers keys and values (module docstring there)."""
+        from autoplan.models.context_parallel import ContextParallel
+
+        cp = ContextParallel(group, group.size(), group.rank(), seq_len)
+        for block in self.blocks.values():
+            block.attn.cp = cp
+
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean token cross-entropy, computed in fp32."""
@@ -279,7 +327,10 @@ class GPT(nn.Module):
         if self.tok_emb is not None:
             x = self.tok_emb(tokens)
             if self.pos_emb is not None:
-                x = x + self.pos_emb(torch.arange(tokens.shape[1], device=tokens.device))
+                cp = next((b.attn.cp for b in self.blocks.values()), None)
+                pos = (torch.arange(tokens.shape[1], device=tokens.device) if cp is None
+                       else cp.positions(tokens.device))
+                x = x + self.pos_emb(pos)
             x = self.drop(x)
         for block in self.blocks.values():
             x = block(x)

@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import ConfigError
+from autoplan.models.moe import use_capacity_experts
 from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, ModelSpec
 
 _ATTN = ("eager", "sdpa")
@@ -107,6 +108,20 @@ def _check_sizes(config_class: type, values: dict[str, Any], source: str) -> Non
                                   source=source, field=f"model.config.{key}")
 
 
+def _modeling_reads(model_type: str, key: str) -> bool:
+    """Does transformers' modelling code of ``model_type`` read ``config.<key>`` (some read
+    keys their config's defaults lack, e.g. ``getattr(config, "head_dim", h // heads)``)?"""
+    import importlib
+    import inspect
+
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+        source = inspect.getsource(module)
+    except (ImportError, OSError, TypeError):
+        return False
+    return f'getattr(config, "{key}"' in source or f"config.{key}" in source
+
+
 def _check_keys(model_type: str, overrides: dict[str, Any], source: str) -> None:
     import dataclasses
 
@@ -115,6 +130,8 @@ def _check_keys(model_type: str, overrides: dict[str, Any], source: str) -> None
     if dataclasses.is_dataclass(default):
         known |= {f.name for f in dataclasses.fields(default)}
     unknown = sorted(set(overrides) - known)
+    if "head_dim" in unknown and _modeling_reads(model_type, "head_dim"):
+        unknown.remove("head_dim")       # read with a fallback (Qwen3-MoE): a real setting
     if "head_dim" in unknown:
         raise ConfigError(f"{model_type} has no head_dim field: it derives the head size as "
                           "hidden_size / num_attention_heads; set those instead",
@@ -286,6 +303,7 @@ def hf_config(spec: ModelSpec):
     config = _config(spec.name, values)
     if task_of(spec) == "causal-lm":
         config.loss_type = "ForCausalLM"
+    use_capacity_experts(config)          # MoE: routing with static shapes (models/moe.py)
     return config
 
 

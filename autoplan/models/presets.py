@@ -12,6 +12,23 @@ head_dim 128, FFN 14336, 32 heads, 8 KV heads, context 8192, vocabulary 32000; r
 10000 in v0.1). Mistral's sliding-window attention (window 4096) is not modelled: attention
 is costed as full causal attention over the sequence, which over-counts it beyond 4096
 tokens.
+
+Mixtures of experts, as Hugging Face architectures (their attention differs from the built-in
+GPT's) with routing modelled by :mod:`autoplan.models.moe`; parameter counts (total / active)
+as the tests check them against the publications:
+
+* Mixtral 8x7B (Jiang et al. 2024, arXiv 2401.04088, Table 1: dim 4096, 32 layers, head_dim
+  128, FFN 14336, 32 heads, 8 KV heads, vocabulary 32000, 8 experts, top-2; rope base 1e6):
+  46.7 B / 12.9 B.
+* Mixtral 8x22B (Mistral AI's release and its Hugging Face config: dim 6144, 56 layers,
+  48 heads, 8 KV heads, FFN 16384, vocabulary 32768, 8 experts, top-2): 141 B / 39 B.
+* Qwen3-30B-A3B (Qwen3 technical report, arXiv 2505.09388, Table 2: 48 layers, 32 Q / 4 KV
+  heads, 128 experts, 8 activated; hidden 2048, expert FFN 768, head_dim 128, vocabulary
+  151936 from its Hugging Face config): 30.5 B / 3.3 B.
+* DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437, sec. 4.2: 61 layers, hidden 7168, 128
+  heads, MLA with KV rank 512 and query rank 1536, first 3 layers dense, then 1 shared + 256
+  routed experts of width 2048, 8 activated, node-limited routing over 8 groups, top 4):
+  671 B / 37 B (the multi-token-prediction module is not modelled).
 """
 
 from __future__ import annotations
@@ -62,6 +79,31 @@ _LLAMA2_MISTRAL = {
 }
 
 
+# name: (hf model_type, config)
+_MOE = {
+    "mixtral-8x7b": ("mixtral", dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+        num_experts_per_tok=2, max_position_embeddings=32768)),
+    "mixtral-8x22b": ("mixtral", dict(
+        vocab_size=32768, hidden_size=6144, intermediate_size=16384, num_hidden_layers=56,
+        num_attention_heads=48, num_key_value_heads=8, num_local_experts=8,
+        num_experts_per_tok=2, max_position_embeddings=65536)),
+    "qwen3-30b-a3b": ("qwen3_moe", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, max_position_embeddings=40960,
+        tie_word_embeddings=False)),
+    "deepseek-v3": ("deepseek_v3", dict(
+        vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+        num_hidden_layers=61, first_k_dense_replace=3, num_attention_heads=128,
+        num_key_value_heads=128, n_routed_experts=256, n_shared_experts=1,
+        num_experts_per_tok=8, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, n_group=8, topk_group=4,
+        max_position_embeddings=163840)),
+}
+
+
 def register_all() -> None:
     # A model small enough to train on this machine's CPU in seconds (the demo's default).
     register_preset("gpt-tiny", "gpt", dict(vocab_size=512, seq_len=64, hidden=64, layers=4,
@@ -80,7 +122,16 @@ def register_all() -> None:
         register_preset(name, "gpt", dict(vocab_size=128256, seq_len=8192, hidden=h, layers=l,
                                           heads=a, kv_heads=kv, ffn_hidden=f, style="llama",
                                           rope_theta=500000.0))
+    # Llama 3.1 405B's long-context stage: 131,072-token sequences (Dubey et al. 2024,
+    # sec. 3.4.2 and Table 4: CP 16 x TP 8 x PP 16 x DP 8 on 16,384 H100s, 380 TFLOP/s/GPU).
+    h, l, a, kv, f = _LLAMA3["llama3-405b"]
+    register_preset("llama3-405b-128k", "gpt", dict(vocab_size=128256, seq_len=131072,
+                                                    hidden=h, layers=l, heads=a, kv_heads=kv,
+                                                    ffn_hidden=f, style="llama",
+                                                    rope_theta=500000.0))
     for name, (h, l, a, kv, f, seq) in _LLAMA2_MISTRAL.items():
         register_preset(name, "gpt", dict(vocab_size=32000, seq_len=seq, hidden=h, layers=l,
                                           heads=a, kv_heads=kv, ffn_hidden=f, style="llama",
                                           rope_theta=10000.0))
+    for name, (model_type, config) in _MOE.items():
+        register_preset(name, f"hf:{model_type}", config)

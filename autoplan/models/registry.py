@@ -162,6 +162,8 @@ def register_family(name: str, family: BuiltinFamily) -> None:
 
 
 def register_preset(name: str, family: str, config: dict) -> None:
+    """``family``: a built-in family, or ``hf:<model_type>`` for a Hugging Face
+    architecture (``config`` its config values)."""
     _PRESETS[name] = (family, dict(config))
 
 
@@ -185,11 +187,26 @@ def resolve(name: str, /, **overrides: Any) -> ModelSpec:
         return ModelSpec("import", target, dict(overrides), trusted=True)
     if name in _PRESETS:
         family, config = _PRESETS[name]
+        if family.startswith("hf:"):          # a preset of a Hugging Face architecture
+            from autoplan.models import hf
+
+            return hf.resolve(family[3:], **{**config, **overrides})
         return ModelSpec("builtin", family, {**config, **overrides})
     if name in _FAMILIES:
         return ModelSpec("builtin", name, dict(overrides))
     raise UnknownNameError("model", name, builtin_names() + ["hf:<model_type or config.json>",
                                                             "import:<pkg.module:factory>"])
+
+
+def source_of(name: str) -> str:
+    """Where ``name`` (as typed) comes from: ``"hf"``, ``"import"`` or ``"builtin"`` (a
+    preset of a Hugging Face architecture is ``"hf"``), without resolving it."""
+    _load_builtins()
+    if name.startswith("hf:") or (name in _PRESETS and _PRESETS[name][0].startswith("hf:")):
+        return "hf"
+    if name.startswith("import:") or (":" in name and "." in name.split(":")[0]):
+        return "import"
+    return "builtin"
 
 
 def build_model(spec: ModelSpec, *, device: str | torch.device = "meta",

@@ -73,13 +73,18 @@ def build_plan(graph: OpGraph, spec: ModelSpec, cluster, parallel: ParallelConfi
     chunks = split_layers(graph, parallel.pp * parallel.virtual_stages)
     names = [layer.name for layer in graph.layers]
     stages = []
+    # context parallelism adds a mesh axis between dp and tp (sequence chunks of one sample)
+    stage_shape, stage_axes = (parallel.dp, parallel.tp), ("dp", "tp")
+    if parallel.cp > 1:
+        stage_shape, stage_axes = (parallel.dp, parallel.cp, parallel.tp), ("dp", "cp", "tp")
     for c, (start, end) in enumerate(chunks):
         layer_names = tuple(names[start:end])
         ckpt = tuple(n for n in layer_names if parallel.checkpoint == "full"
                      and not n.startswith("<"))
         stages.append(Stage(index=c, layers=(start, end), layer_names=layer_names,
                             ranks=stage_ranks(parallel, c % parallel.pp),
-                            mesh_shape=(parallel.dp, parallel.tp), checkpoint_layers=ckpt))
+                            mesh_shape=stage_shape, axis_names=stage_axes,
+                            checkpoint_layers=ckpt))
     device_type = "cpu" if _device_name(cluster_dict).startswith("cpu") else "cuda"
     plan = Plan(
         model=spec.to_dict(),
@@ -88,7 +93,8 @@ def build_plan(graph: OpGraph, spec: ModelSpec, cluster, parallel: ParallelConfi
         cluster=cluster_dict,
         global_batch=global_batch,
         seq_len=seq_len,
-        mesh=MeshSpec(shape=(parallel.pp, parallel.dp, parallel.tp), device_type=device_type),
+        mesh=MeshSpec(shape=(parallel.pp, *stage_shape), axis_names=("pp", *stage_axes),
+                      device_type=device_type),
         parallel=parallel,
         stages=stages,
         param_placements=param_placements(graph, parallel),

@@ -132,16 +132,39 @@ class Estimator:
             rep.setdefault(layer.kind, layer.index)
         return rep
 
+    # Mesh (pp, dp, cp, tp), row-major: tp innermost, then the cp ranks sharing a sequence,
+    # then data parallelism (the expert-parallel group is ep consecutive dp ranks).
+    def _axis_group(self, size: int, stride: int) -> Group:
+        per_node = max(1, self.cluster.devices_per_node // stride)
+        return Group(size=size, ranks_per_node=min(size, per_node))
+
     def tp_group(self, p: ParallelConfig) -> Group:
-        return Group(size=p.tp, ranks_per_node=min(p.tp, self.cluster.devices_per_node))
+        return self._axis_group(p.tp, 1)
+
+    def cp_group(self, p: ParallelConfig) -> Group:
+        return self._axis_group(p.cp, p.tp)
+
+    def ep_group(self, p: ParallelConfig) -> Group:
+        return self._axis_group(p.ep, p.cp * p.tp)
 
     def dp_group(self, p: ParallelConfig) -> Group:
-        per_node = max(1, self.cluster.devices_per_node // p.tp)
-        return Group(size=p.dp, ranks_per_node=min(p.dp, per_node))
+        """The ranks a replicated weight's gradients are summed over: data and context
+        replicas, dp·cp ranks (tp-strided)."""
+        return self._axis_group(p.dp * p.cp, p.tp)
+
+    def expert_dp_group(self, p: ParallelConfig) -> Group:
+        """The ranks holding the same experts: dp / ep data-parallel indices (those equal
+        modulo ep) times all cp, dp·cp / ep ranks. A node holds R = devices / tp (dp, cp)
+        positions, row-major: R // cp whole dp indices, 1/ep of them in the group, each with
+        its cp ranks (or, when R < cp, R ranks of one dp index)."""
+        size = p.dp * p.cp // p.ep
+        r = max(1, self.cluster.devices_per_node // p.tp)
+        per_node = max(1, (r // p.cp) // p.ep) * p.cp if r >= p.cp else r
+        return Group(size=size, ranks_per_node=min(size, per_node))
 
     def pp_link(self, p: ParallelConfig) -> Group:
-        """Consecutive pipeline ranks are dp·tp ranks apart: same node only if that fits."""
-        same_node = p.dp * p.tp * 2 <= self.cluster.devices_per_node
+        """Consecutive pipeline ranks are dp·cp·tp ranks apart: same node only if that fits."""
+        same_node = p.dp * p.cp * p.tp * 2 <= self.cluster.devices_per_node
         return Group(size=2, ranks_per_node=2 if same_node else 1)
 
     @functools.cached_property
@@ -227,48 +250,71 @@ class Estimator:
 
     @functools.lru_cache(maxsize=None)
     def _layers(self, start: int, end: int, tp: int, sp: bool, micro_batch: int,
-                checkpoint: bool) -> tuple:
-        """Per micro-batch sums over layers [start, end): compute, TP communication,
-        parameters (synced over dp; over dp x tp: those of sequence-sharded replicated ops),
-        activations, the recompute peak, the largest gathered layer, and the TP
-        communication as issued on shared CPU cores."""
+                checkpoint: bool, ep: int = 1, cp: int = 1) -> tuple:
+        """Per micro-batch sums over layers [start, end): compute, in-layer communication
+        (TP; the expert all-to-alls under ep > 1, :func:`~autoplan.cost.parallel_dims.
+        expert_parallel_time`; the key/value exchange under cp > 1, :func:`~autoplan.cost.
+        parallel_dims.context_parallel_time`), parameters (synced over dp·cp; over dp·cp x
+        tp: those of sequence-sharded replicated ops; expert weights, split over ep),
+        activations, the recompute peak, the largest gathered layer, and the TP communication
+        as issued on shared CPU cores. Under context parallelism every per-token quantity is
+        1/cp of the micro-batch's (load-balanced causal chunks give every rank 1/cp of the
+        attention work too)."""
         scale = micro_batch / self.b0
+        tok = scale / cp
         fwd = bwd = tp_f = tp_b = act = peak = gathered = 0.0
-        params = params_sp = 0.0
-        group = Group(size=tp, ranks_per_node=min(tp, self.cluster.devices_per_node))
+        params = params_sp = experts = 0.0
+        group = self._axis_group(tp, 1)
+        cp_group = self._axis_group(cp, tp)
+        ep_group = self._axis_group(ep, cp * tp)
         for i in range(start, end):
             layer = self.graph.layers[i]
             st = layer.stats
             sp_l = self._sequence_sharded(i, sp)
             f, b = self._kind_time(i, tp, sp_l, micro_batch)
-            fwd += f
-            bwd += b
+            fwd += f / cp
+            bwd += b / cp
             sliced = self._slices_input(i, start, sp)
             if tp > 1:
-                cf, cb = self._tp_comm(st, scale, sp_l, group,
-                                       self._slice_reads(i)[1] * scale if sliced else 0.0)
+                cf, cb = self._tp_comm(st, tok, sp_l, group,
+                                       self._slice_reads(i)[1] * tok if sliced else 0.0)
                 tp_f += cf
                 tp_b += cb
-            local = st.params_tp / tp + (st.params - st.params_tp)
+            if ep > 1 and st.moe_a2a_bytes:
+                one = self.comm.time("all_to_all", st.moe_a2a_bytes * tok, ep_group)
+                tp_f += 2 * one                 # dispatch + combine
+                tp_b += 2 * one
+            kv_extra = 0.0
+            if cp > 1 and st.kv_bytes:
+                kv = st.kv_bytes * scale / tp   # the whole sequences' keys and values
+                tp_f += self.comm.time("all_gather", kv, cp_group)
+                tp_b += self.comm.time("reduce_scatter", kv, cp_group)
+                kv_extra = kv * (cp - 1) / cp   # gathered, saved for backward
+            e_tp = st.expert_params_tp
+            expert = (e_tp / tp + st.expert_params - e_tp) / ep
+            local = (st.params_tp - e_tp) / tp + (st.params - st.params_tp
+                                                  - st.expert_params + e_tp)
             synced_tp = self._replicated_params[i] if sp_l else 0.0
             params += local - synced_tp
             params_sp += synced_tp
-            gathered = max(gathered, local * self.param_bytes)
+            experts += expert
+            gathered = max(gathered, (local + expert) * self.param_bytes)
             ckpt = checkpoint and _is_block(layer.name)
             grown, fixed = self._stats[i]
             full = activation_bytes(grown, tp=tp, sequence_parallel=sp_l, checkpoint=False,
-                                    micro_batch_scale=scale,
-                                    flash_attention=self.flash_attention) + fixed
+                                    micro_batch_scale=tok,
+                                    flash_attention=self.flash_attention) + fixed + kv_extra
             if ckpt:
                 # the kept input, sharded as it arrives (replicated from the embeddings)
                 act += activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
-                                        checkpoint=True, micro_batch_scale=scale,
+                                        checkpoint=True, micro_batch_scale=tok,
                                         flash_attention=self.flash_attention)
                 peak = max(peak, full)
             else:
                 act += full
         cpu_f, cpu_b = self._shared_tp(start, end, tp, sp, scale, group)
-        return fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b
+        return (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
+                experts)
 
     def _shared_tp(self, start: int, end: int, tp: int, sp: bool, scale: float, group: Group
                    ) -> tuple[float, float]:
@@ -311,23 +357,26 @@ class Estimator:
     def chunk_cost(self, start: int, end: int, p: ParallelConfig, *, last: bool) -> ChunkCost:
         """The :class:`~autoplan.cost.step.ChunkCost` of layers [start, end) under ``p``."""
         ckpt = p.checkpoint == "full"
-        (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f,
-         cpu_b) = self._layers(start, end, p.tp, p.sequence_parallel, p.micro_batch, ckpt)
+        (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
+         experts) = self._layers(start, end, p.tp, p.sequence_parallel, p.micro_batch, ckpt,
+                                 p.ep, p.cp)
         send = 0.0
         if not last:
             scale = p.micro_batch / self.b0
-            out_bytes = self.graph.layers[end - 1].stats.output_bytes * scale / p.tp
+            out_bytes = self.graph.layers[end - 1].stats.output_bytes * scale / p.tp / p.cp
             send = self.comm.time("send_recv", out_bytes, self.pp_link(p))
         modules = 1 + sum(_is_block(self.graph.layers[i].name) for i in range(start, end))
         buckets = (ParamBucket(("dp",), params, self.dp_group(p)),)
-        if params_sp:          # sequence-sharded norms: gradients summed over dp x tp
-            n = p.dp * p.tp
+        if params_sp:          # sequence-sharded norms: gradients summed over dp·cp x tp
+            n = p.dp * p.cp * p.tp
             group = Group(size=n, ranks_per_node=min(n, self.cluster.devices_per_node))
             buckets += (ParamBucket(("dp", "tp"), params_sp, group),)
+        if experts:            # expert weights: over the dp·cp / ep ranks holding them
+            buckets += (ParamBucket(("edp",), experts, self.expert_dp_group(p)),)
         return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, ckpt, buckets, gathered,
-                         p.zero, p.dp * p.tp, cpu_f, cpu_b, modules,
-                         transient=temporary_bytes(self.graph, start, end, p.micro_batch / self.b0,
-                                                   p.tp))
+                         p.zero, p.dp * p.cp * p.tp, cpu_f, cpu_b, modules,
+                         transient=temporary_bytes(self.graph, start, end,
+                                                   p.micro_batch / self.b0 / p.cp, p.tp))
 
     # ---- one configuration ---------------------------------------------------------------
     def chunks(self, p: ParallelConfig) -> list[ChunkCost]:

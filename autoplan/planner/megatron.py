@@ -126,6 +126,11 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
     from autoplan.errors import InfeasibleError
 
     p = parallel
+    if p.ep > 1 or p.cp > 1:
+        # the search places ops on (dp, tp) meshes: expert and context parallelism are the
+        # grid's alone, so such a configuration cannot be repriced (compare it directly)
+        raise ValueError(f"{p.label()}: expert/context parallelism is not expressible as "
+                         "per-op placements")
     ms = ev.ms
     graph = ms.graph
     mesh = LogicalMesh((p.dp, p.tp), ev.cm.cluster.devices_per_node)

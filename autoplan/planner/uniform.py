@@ -1,4 +1,4 @@
-"""The uniform planner: enumerate the 3-D (DP x TP x PP) space and rank by predicted time.
+"""The uniform planner: enumerate the DP x TP x PP (x CP, x EP) space and rank by predicted time.
 
 Every layer gets the same treatment (Megatron-LM style), so a configuration is a
 :class:`ParallelConfig`: tensor-parallel degree ``tp`` (inside a node, dividing every sharded
@@ -7,7 +7,9 @@ parallel ``dp = world / (tp·pp)`` (dividing the global batch), ZeRO stage 0-3 (
 dp > 1), sequence parallelism (only with tp > 1), micro-batch size ``b`` (dividing the per-rank
 batch) and count ``m = B / (dp·b)`` (at least ``pp`` when pipelining), full recomputation on
 or off, and the schedule (GPipe, 1F1B, interleaved 1F1B with v chunks when the blocks and
-micro-batches divide). Candidates that exceed device memory are dropped; the rest are sorted
+micro-batches divide), context parallelism ``cp`` for long sequences (:func:`context_degrees`;
+``dp = world / (tp·pp·cp)``) and expert parallelism ``ep`` for mixtures of experts (folded
+into data parallelism, :func:`expert_degrees`). Candidates that exceed device memory are dropped; the rest are sorted
 by predicted step time (ties: less memory, then the label, so the result is deterministic).
 
 This is the baseline every later solver must beat.
@@ -41,6 +43,33 @@ class SearchSpace:
     schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved_1f1b")
     virtual_stages: tuple[int, ...] = (2, 4)
     sequence_parallel: tuple[bool, ...] = (False, True)
+    ep: tuple[int, ...] | None = None       # default: every divisor of dp and of the experts
+    cp: tuple[int, ...] | None = None       # default: context_degrees()
+
+
+#: Context parallelism is considered while every rank keeps at least this many tokens of a
+#: sequence: it is a long-context technique (Llama 3 trained 131,072-token sequences with
+#: cp 16, i.e. 8,192 tokens a rank, and its 8K stage without it; Dubey et al. 2024, sec.
+#: 3.3.2, Table 4). Shorter sequences keep the layouts the engine runs today.
+MIN_CP_TOKENS = 8192
+
+
+def context_degrees(graph: OpGraph, world: int) -> list[int]:
+    """cp degrees worth pricing: 1, and powers of two up to 64 that cut the sequence into
+    ``2 cp`` equal chunks of at least MIN_CP_TOKENS / 2, when every block has
+    scaled-dot-product attention (whose keys and values the ranks exchange)."""
+    seq = graph.batch.seq_len
+    blocks = graph.blocks()
+    if not seq or not blocks or any(layer.stats.kv_bytes == 0 for layer in blocks):
+        return [1]
+    return [1] + [c for c in (2, 4, 8, 16, 32, 64)
+                  if c <= world and seq % (2 * c) == 0 and seq // c >= MIN_CP_TOKENS]
+
+
+def expert_degrees(graph: OpGraph, dp: int) -> list[int]:
+    """ep degrees: divisors of dp that split the experts evenly (1 for dense models)."""
+    experts = graph.experts
+    return [e for e in divisors(dp) if experts and experts % e == 0] or [1]
 
 
 @dataclass(frozen=True)
@@ -89,15 +118,18 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
     world = cluster.world_size
     blocks = len(graph.blocks())
     seq = graph.batch.seq_len
+    cps = [c for c in context_degrees(graph, world) if space.cp is None or c in space.cp]
     for tp in tp_degrees(graph, cluster, divides):
         if space.tp is not None and tp not in space.tp:
             continue
-        for pp in divisors(world // tp) if world % tp == 0 else []:
+        for pp, cp in ((pp, cp) for pp in (divisors(world // tp) if world % tp == 0 else [])
+                       for cp in cps if (world // tp // pp) % cp == 0):
             if pp > max(blocks, 1) or (space.pp is not None and pp not in space.pp):
                 continue
-            dp = world // (tp * pp)
+            dp = world // (tp * pp * cp)
             if global_batch % dp or (space.dp is not None and dp not in space.dp):
                 continue
+            eps = [e for e in expert_degrees(graph, dp) if space.ep is None or e in space.ep]
             per_rank = global_batch // dp
             for b in divisors(per_rank):
                 if space.micro_batch is not None and b not in space.micro_batch:
@@ -111,16 +143,19 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
                     if "interleaved_1f1b" in space.schedules:
                         schedules += [("interleaved_1f1b", v) for v in space.virtual_stages
                                       if blocks >= pp * v and m % pp == 0]
-                for zero in space.zero if dp > 1 else (0,):
+                for zero in space.zero if dp * cp > 1 else (0,):
                     for sp in space.sequence_parallel if tp > 1 else (False,):
                         if sp and seq is not None and seq % tp:
                             continue
-                        for ckpt in space.checkpoint:
-                            for sched, v in schedules:
-                                yield ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero,
-                                                     sequence_parallel=sp, micro_batch=b,
-                                                     num_micro_batches=m, schedule=sched,
-                                                     virtual_stages=v, checkpoint=ckpt)
+                        if sp and seq is not None and (seq // cp) % tp:
+                            continue
+                        for ckpt, (sched, v), ep in ((c, s, e) for c in space.checkpoint
+                                                     for s in schedules for e in eps):
+                            yield ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero,
+                                                 sequence_parallel=sp, micro_batch=b,
+                                                 num_micro_batches=m, schedule=sched,
+                                                 virtual_stages=v, checkpoint=ckpt, ep=ep,
+                                                 cp=cp)
 
 
 def search_uniform(graph: OpGraph, cluster: Cluster, global_batch: int, *,

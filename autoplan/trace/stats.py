@@ -15,6 +15,10 @@
   all-reduced in backward) — Megatron's g and f operators. Column ops reading one tensor
   (separate q, k, v projections of one norm output) share one all-reduce: each distinct
   input storage counts once, as with Megatron's fused QKV.
+* ``expert_params``: expert weights among the layer's parameters (``ParamInfo.experts``);
+  ``moe_a2a_bytes`` (set by the tracer from the MoE modules, :mod:`autoplan.models.moe`):
+  one expert all-to-all's bytes; ``kv_bytes``: keys and values entering the layer's
+  scaled-dot-product attention (what context parallelism exchanges).
 * Saved activations: see :mod:`autoplan.trace.saved`.
 """
 
@@ -49,11 +53,34 @@ def boundary_bytes(ops: list[CapturedOp], flow: Dataflow, layer_of: list[int],
     return [sum(d.values()) for d in entering], [sum(d.values()) for d in leaving]
 
 
+# Ops that only reshape, copy or repeat a tensor: grouped-query attention's key/value
+# expansion (repeat_interleave, or HF's expand + reshape) is made of them.
+_SHAPE_OPS = ("view", "_unsafe_view", "reshape", "expand", "clone", "transpose", "permute",
+              "unsqueeze", "contiguous", "repeat_interleave", "repeat", "index_select", "slice",
+              "_to_copy", "alias")
+
+
+def _unexpanded_bytes(t, producer: int | None, ops: list[CapturedOp]) -> int:
+    """Bytes of ``t`` before any head expansion: the smallest tensor on the chain of shape
+    ops that made it (keys and values are exchanged by context parallelism before
+    grouped-query attention repeats them over the query heads)."""
+    best = tensor_nbytes(t)
+    seen = 0
+    while producer is not None and seen < 16:
+        op = ops[producer]
+        if op.func.__name__.split(".")[0] not in _SHAPE_OPS or not op.in_tensors:
+            break
+        best = min(best, tensor_nbytes(op.in_tensors[0]))
+        producer = op.producers[0] if op.producers else None
+        seen += 1
+    return best
+
+
 def layer_stats(index: int, ops: list[CapturedOp], start: int, stop: int, flow: Dataflow,
                 roles: list[TPRole], params: list[ParamInfo], saved: SavedSummary,
                 input_bytes: int, output_bytes: int) -> LayerStats:
     fwd = bwd = fwd_tp = bwd_tp = mm = moved = moved_tp = 0.0
-    ar_fwd = 0
+    ar_fwd = kv = 0
     column_inputs: dict[int | None, int] = {}     # storage -> bytes
     for op in ops[start:stop]:
         role = roles[op.index]
@@ -67,6 +94,9 @@ def layer_stats(index: int, ops: list[CapturedOp], start: int, stop: int, flow: 
             moved_tp += bytes_
         if is_matmul_like(op.func):
             mm += op.fwd_flops
+        if "scaled_dot_product" in str(op.func) and len(op.in_tensors) >= 3:
+            kv += sum(_unexpanded_bytes(op.in_tensors[i], op.producers[i], ops)
+                      for i in (1, 2))
         if op.is_view:          # views of weights take their op's role but move nothing
             continue
         if role == "row":
@@ -86,4 +116,7 @@ def layer_stats(index: int, ops: list[CapturedOp], start: int, stop: int, flow: 
         saved_bytes=saved.layer_bytes[index], saved_bytes_tp=saved.layer_bytes_tp[index],
         saved_bytes_attn=saved.layer_bytes_attn[index],
         input_bytes=input_bytes, output_bytes=output_bytes,
-        tp_allreduce_fwd_bytes=ar_fwd, tp_allreduce_bwd_bytes=sum(column_inputs.values()))
+        tp_allreduce_fwd_bytes=ar_fwd, tp_allreduce_bwd_bytes=sum(column_inputs.values()),
+        expert_params=sum(p.numel for p in mine if p.experts),
+        expert_params_tp=sum(p.numel for p in mine if p.experts and p.tp_dim is not None),
+        kv_bytes=kv)

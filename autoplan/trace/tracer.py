@@ -12,6 +12,7 @@ per-layer aggregates (:mod:`~autoplan.trace.stats`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections import Counter
@@ -21,8 +22,9 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import ConfigError
-from autoplan.graph import (BatchSpec, Layer, OpGraph, OpNode, ParamInfo, TensorMeta,
+from autoplan.graph import (DTYPE_BYTES, BatchSpec, Layer, OpGraph, OpNode, ParamInfo, TensorMeta,
                             TPRole)
+from autoplan.models.moe import expert_layers
 from autoplan.trace.capture import Capture, CapturedOp, capture
 from autoplan.trace.dataflow import Dataflow
 from autoplan.trace.layers import LayerSpan, detect_layers
@@ -102,6 +104,22 @@ def _param_infos(cap: Capture, flow: Dataflow, layer_of: list[int], roles: list[
     return infos
 
 
+def _mark_experts(model: nn.Module, params: dict[str, ParamInfo], batch: BatchSpec,
+                  num_layers: int) -> list[int]:
+    """Mark the expert weights of ``model``'s MoE modules in ``params`` (in place) and return
+    each layer's expert all-to-all bytes at the traced batch (:mod:`autoplan.models.moe`)."""
+    a2a = [0] * num_layers
+    tokens = batch.batch_size * (batch.seq_len or 1)
+    for moe in expert_layers(model):
+        names = [n for n in moe.params if n in params]
+        for n in names:
+            params[n] = dataclasses.replace(params[n], experts=moe.experts, top_k=moe.top_k)
+        if names:
+            p = params[names[0]]
+            a2a[p.layer] += moe.a2a_bytes(tokens, DTYPE_BYTES.get(p.dtype, 4))
+    return a2a
+
+
 def _graph_from_capture(model: nn.Module, cap: Capture, *, model_name: str, fingerprint: str,
                         seq_len: int | None) -> OpGraph:
     ops = cap.ops
@@ -135,12 +153,14 @@ def _graph_from_capture(model: nn.Module, cap: Capture, *, model_name: str, fing
             layer=layer_of[op.index], saved_bytes=saved.op_bytes.get(op.index, 0),
             saved_is_attention_matrix=op.index in saved.op_attention,
             tp_role=roles[op.index])
+    a2a = _mark_experts(model, params, batch, len(spans))
     plist = list(params.values())
     layers = [
         Layer(index=k, name=span.name, kind=span.kind,
               nodes=[ops[i].name for i in range(span.start, span.stop)],
-              stats=layer_stats(k, ops, span.start, span.stop, flow, roles, plist, saved,
-                                entering[k], leaving[k]))
+              stats=dataclasses.replace(
+                  layer_stats(k, ops, span.start, span.stop, flow, roles, plist, saved,
+                              entering[k], leaving[k]), moe_a2a_bytes=a2a[k]))
         for k, span in enumerate(spans)]
     float_dtypes = Counter(p.dtype for p in plist if p.dtype.startswith(("float", "bfloat")))
     return OpGraph(model_name=model_name, fingerprint=fingerprint, batch=batch, nodes=nodes,
