@@ -219,7 +219,7 @@ class Reestimator:
 def available_cores(load: hostload.HostLoad, cluster, profiles_dir=None) -> float | None:
     """The device's cores (ops/index.yaml) minus what other processes used during the run;
     None for devices without a core count."""
-    from autoplan.cluster import profiles_root
+    from autoplan.yaml_files import profiles_root
     from autoplan.cost.profiled import device_profile
 
     dev = device_profile(cluster.device.name, profiles_root(profiles_dir))
@@ -328,7 +328,7 @@ def add_calibrate_command(subparsers: argparse._SubParsersAction) -> argparse.Ar
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from autoplan.cluster import profiles_root
+    from autoplan.yaml_files import profiles_root
 
     cal, runs, raw = calibrate(args.run_dirs, profiles_dir=args.profiles,
                                use_load=not args.ignore_load)

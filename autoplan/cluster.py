@@ -38,9 +38,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-import yaml
-
 from autoplan.errors import ConfigError, UnknownNameError
+from autoplan.yaml_files import profiles_root, read_yaml
 
 #: Dtypes a device may list a dense peak for (torch spelling, plus TF32 tensor-core mode).
 PEAK_DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8", "int8")
@@ -468,94 +467,7 @@ class Cluster:
             raise _rethrow(exc, source=source) from None
 
 
-# ---- files -------------------------------------------------------------------------------
-
-def profiles_root(profiles_dir: str | os.PathLike | None = None) -> Path:
-    """``profiles_dir``, else ``$AUTOPLAN_PROFILES``, else the repository's ``profiles/``."""
-    if profiles_dir is not None:
-        return Path(profiles_dir)
-    env = os.environ.get("AUTOPLAN_PROFILES")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1] / "profiles"
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that rejects duplicate keys (PyYAML keeps the last one silently)."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"a key must be a plain value, not a {type(key).__name__}",
-                key_node.start_mark) from None
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                              _construct_mapping)
-
-
-#: Deepest ``[`` / ``{`` nesting read: PyYAML's scanner slows quadratically with the depth
-#: (100,000 brackets would take hours) and its constructor recurses; no real file nests so.
-MAX_FLOW_DEPTH = 64
-
-
-def _flow_depth_exceeded(text: str, limit: int = MAX_FLOW_DEPTH) -> int | None:
-    """The 1-based line where bracket nesting first exceeds ``limit`` (quotes not parsed:
-    an over-estimate, harmless at this limit), else None."""
-    depth = 0
-    for i, ch in enumerate(text):
-        if ch in "[{":
-            depth += 1
-            if depth > limit:
-                return text.count("\n", 0, i) + 1
-        elif ch in "]}" and depth:
-            depth -= 1
-    return None
-
-
-def read_yaml(path: Path, shown: str) -> dict[str, Any]:
-    """Parse a YAML mapping; syntax errors become ConfigError with the line and column."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read ({exc.strerror})", source=shown) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at line {line}",
-                          source=shown) from None
-    deep_line = _flow_depth_exceeded(text)
-    if deep_line is not None:
-        raise ConfigError(f"invalid YAML at line {deep_line}: nested more than "
-                          f"{MAX_FLOW_DEPTH} levels deep", source=shown)
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"invalid YAML{where}: {problem}", source=shown) from None
-    except RecursionError:
-        raise ConfigError("invalid YAML: nested too deeply", source=shown) from None
-    except (ValueError, OverflowError) as exc:   # an int of > 4300 digits, a 13th month, ...
-        raise ConfigError(f"invalid YAML: a value cannot be read ({exc})", source=shown) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"top level must be a mapping, got {type(data).__name__}",
-                          source=shown)
-    return data
-
+# ---- presets -----------------------------------------------------------------------------
 
 def _is_file(path: Path) -> bool:
     """``path.is_file()``, False for a name the OS refuses (too long, ...) instead of OSError."""

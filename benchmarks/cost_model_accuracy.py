@@ -167,7 +167,7 @@ def analyse(runs_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 def committed_calibration(cluster: str, runs_dir: Path):
     """The committed calibration of ``cluster`` if it was fitted on other runs, else None."""
-    from autoplan.cluster import profiles_root
+    from autoplan.yaml_files import profiles_root
     from autoplan.cost.calibration import load_calibration
 
     cal = load_calibration(cluster, profiles_root())
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     full = extra["full"]
     if args.write_calibration:
-        from autoplan.cluster import profiles_root
+        from autoplan.yaml_files import profiles_root
         from autoplan.cost.calibration import calibration_path
 
         path = full.save(calibration_path(full.cluster, profiles_root()))

@@ -24,7 +24,7 @@ GOOD = textwrap.dedent("""\
 @pytest.fixture
 def profiles(tmp_path, monkeypatch):
     """A private profiles dir (via $AUTOPLAN_PROFILES) with the real devices and 'foo'."""
-    from autoplan.cluster import profiles_root
+    from autoplan.yaml_files import profiles_root
 
     real = profiles_root()
     (tmp_path / "devices").mkdir()

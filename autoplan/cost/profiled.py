@@ -61,7 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoplan.cluster import Cluster, profiles_root, read_yaml
+from autoplan.cluster import Cluster
+from autoplan.yaml_files import profiles_root, read_yaml
 from autoplan.cost.batch_scale import batch_tensors, scaled_node
 from autoplan.cost.calibration import Calibration, load_calibration
 from autoplan.cost.comm import CommModel, Group

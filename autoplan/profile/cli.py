@@ -95,7 +95,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _profiles_root() -> Path:
-    from autoplan.cluster import profiles_root
+    from autoplan.yaml_files import profiles_root
 
     return profiles_root()
 
