@@ -288,12 +288,12 @@ def test_gpt2_tensor_parallelism_is_refused_with_the_reason():
         check_engine_support(plan, SPECS["gpt2"], "p.json")
 
 
-def test_capabilities_of_models_the_engine_does_not_run():
+def test_capabilities_of_models_without_an_adapter_are_the_generic_runtimes():
     for spec in (ModelSpec("builtin", "mlp", {}), ModelSpec("hf", "opt", {}),
                  ModelSpec("import", "pkg.mod:fn", {})):
         caps = capabilities(spec)
-        assert not caps.runs and caps.reason.startswith("plan-only")
-        assert caps.tensor_parallel and caps.pipeline          # no limit on planning
+        assert caps.runs and "generic runtime" in caps.reason
+        assert caps.tensor_parallel and caps.pipeline and not caps.sequence_parallel
     with pytest.raises(PlanError, match=r"no stage adapter for Hugging Face model_type 'opt'"):
         model_lib.check_supported(ModelSpec("hf", "opt", {}))
     assert dataclasses.asdict(capabilities(_CAP_SPECS["builtin_gpt"])) == dict(

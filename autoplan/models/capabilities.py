@@ -9,10 +9,12 @@
 * ``sequence_parallel`` — sequence sharding of the residual stream between them (needs TP);
 * ``pipeline`` — splitting the blocks over pipeline stages (``pp > 1``);
 * ``reason`` — one clause per refused parallelism, ``""`` when all are allowed;
-* ``runs`` — the engine runs this model at all. When False (a family the planner models but
-  the engine does not execute: ``mlp``, ``wide-resnet``, imported modules, Hugging Face types
-  without a stage adapter) no plan of it can run, so the three flags above put no limit on
-  planning (they are True) and ``reason`` says it is plan-only.
+* ``runs`` — the engine runs this model at all: every model does, the built-in GPT and four
+  Hugging Face causal LMs through their adapted runtimes, every other model (any Hugging
+  Face architecture or task, ``mlp``, ``wide-resnet``, ``import:`` modules) through the
+  generic runtime (:mod:`autoplan.capability`), which runs no sequence parallelism and
+  tensor parallelism only without pipeline stages (checked per plan by its
+  ``generic_gap``).
 
 * ``tp_divisors`` — the sizes a tensor-parallel degree must divide (attention heads, KV
   heads, MLP width); :meth:`ModelCapabilities.allows_tp` checks a degree against them.
@@ -33,6 +35,7 @@ Hugging Face ``gpt2``    no      no      yes         fused q/k/v ``Conv1D`` (c_a
 any of them with tied    no      no      no          one weight in two places: the
 embeddings                                           head's shard and the embedding's,
                                                      or two pipeline stages
+any other model          yes     no      yes         the generic runtime (TP without PP)
 =======================  ======  ======  ==========  ================================
 """
 
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.capability import adapted, generic_flags
 from autoplan.models.registry import ModelSpec
 
 _TIED_TP = ("tensor parallelism: the LM head shares its weight with the input embedding "
@@ -81,28 +85,40 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
         return _caps(tp=not tied, pp=not tied, why=[_TIED_TP, _TIED_PP] if tied else [],
                      divisors=(("heads", cfg.heads), ("kv_heads", cfg.kv_heads or cfg.heads),
                                ("ffn", cfg.ffn), ("hidden", cfg.hidden)))
-    if spec.source == "hf":
-        from engine.hf_arch import ARCHITECTURES
+    if adapted(spec):                      # a Hugging Face type with a stage adapter
+        from autoplan.models.hf import hf_config
 
-        adapter = ARCHITECTURES.get(spec.name)
-        if adapter is not None:
-            from autoplan.models.hf import hf_config
-
-            config = hf_config(spec)
-            tied = bool(getattr(config, "tie_word_embeddings", False))
-            why = []
-            if adapter.tp_layout is None:
-                why.append(f"tensor parallelism: {adapter.no_tp_reason}")
-            elif tied:
-                why.append(_TIED_TP)
-            if tied:
-                why.append(_TIED_PP)
-            return _caps(tp=adapter.tp_layout is not None and not tied, pp=not tied, why=why,
-                         divisors=adapter.tp_divisors(config))
-        supported = f"Hugging Face {sorted(ARCHITECTURES)}"
-    else:
-        supported = "Hugging Face models with a stage adapter"
+        config = hf_config(spec)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        why = []
+        no_tp = _HF_NO_TP.get(spec.name)
+        if no_tp:
+            why.append(f"tensor parallelism: {no_tp}")
+        elif tied:
+            why.append(_TIED_TP)
+        if tied:
+            why.append(_TIED_PP)
+        return _caps(tp=not no_tp and not tied, pp=not tied, why=why,
+                     divisors=_hf_tp_divisors(spec.name, config))
+    # every other model: the generic runtime (autoplan.capability); what depends on the
+    # plan (tp with pp, sequence parallelism) is generic_gap's, checked per plan
+    flags = generic_flags()
     return ModelCapabilities(
-        tensor_parallel=True, sequence_parallel=True, pipeline=True, runs=False,
-        reason=f"plan-only: the engine runs the built-in 'gpt' family and {supported}, not "
-               f"source={spec.source!r} name={spec.name!r}")
+        tensor_parallel=flags["tensor_parallel"], sequence_parallel=flags["sequence_parallel"],
+        pipeline=flags["pipeline"], runs=flags["runs"],
+        reason="the generic runtime: no sequence parallelism, and tensor parallelism only "
+               "without pipeline stages (autoplan.capability)")
+
+
+#: Hugging Face stage adapters (engine.hf_arch) that cannot shard heads, and why.
+_HF_NO_TP = {"gpt2": "GPT-2 projects q, k and v with one fused Conv1D (c_attn) whose output "
+                     "is split at fixed offsets, so a column shard mixes heads of q, k and v"}
+
+
+def _hf_tp_divisors(model_type: str, config) -> tuple[tuple[str, int], ...]:
+    """The sizes a TP degree must divide for an adapted Hugging Face type (its adapter's)."""
+    if model_type == "gpt2":
+        return (("heads", config.n_head),)
+    return (("num_attention_heads", config.num_attention_heads),
+            ("num_key_value_heads", config.num_key_value_heads or config.num_attention_heads),
+            ("intermediate_size", config.intermediate_size))
