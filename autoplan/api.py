@@ -180,6 +180,10 @@ def runnable_space(spec: ModelSpec, space: SearchSpace) -> SearchSpace:
         changes["sequence_parallel"] = (False,)
     if not caps.pipeline:
         changes["pp"] = (1,)
+    from autoplan.capability import adapted
+
+    if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines
+        changes["tp_with_pp"] = False
     return replace(space, **changes)
 
 

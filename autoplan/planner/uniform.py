@@ -43,6 +43,7 @@ class SearchSpace:
     schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved_1f1b")
     virtual_stages: tuple[int, ...] = (2, 4)
     sequence_parallel: tuple[bool, ...] = (False, True)
+    tp_with_pp: bool = True                 # False: tensor parallelism only without pipelines
     ep: tuple[int, ...] | None = None       # default: every divisor of dp and of the experts
     cp: tuple[int, ...] | None = None       # default: context_degrees()
 
@@ -125,6 +126,8 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
         for pp, cp in ((pp, cp) for pp in (divisors(world // tp) if world % tp == 0 else [])
                        for cp in cps if (world // tp // pp) % cp == 0):
             if pp > max(blocks, 1) or (space.pp is not None and pp not in space.pp):
+                continue
+            if tp > 1 and pp > 1 and not space.tp_with_pp:
                 continue
             dp = world // (tp * pp * cp)
             if global_batch % dp or (space.dp is not None and dp not in space.dp):
