@@ -70,11 +70,25 @@ SMALL: dict[str, str | tuple[None, str]] = {
         "autoplan estimate gpt-7.5b --layers 2 --cluster dgx-a100 --nodes 2 --global-batch 64 "
         "--tp 4 --json "
         '| python -c "import json, sys; print(json.load(sys.stdin)[\'prediction\'][\'step_time_s\'])"',
+    "autoplan plan mixtral-8x7b --cluster dgx-h100 --nodes 8 --global-batch 256 --seq-len 4096 "
+    "--planner uniform":
+        "autoplan plan mixtral-8x7b --set num_hidden_layers=2 --cluster dgx-h100 --nodes 1 "
+        "--global-batch 16 --seq-len 512 --planner uniform",
+    "autoplan estimate mixtral-8x7b --cluster dgx-h100 --nodes 8 --global-batch 256 --seq-len 4096 "
+    "--ep 8 --pp 4 --zero 1 --no-compare":
+        "autoplan estimate mixtral-8x7b --set num_hidden_layers=2 --cluster dgx-h100 --nodes 1 "
+        "--global-batch 16 --seq-len 512 --ep 4 --pp 2 --zero 1 --no-compare",
+    "autoplan estimate llama3-405b-128k --cluster dgx-h100 --nodes 2048 --global-batch 128 "
+    "--tp 8 --pp 16 --cp 16 --sp --zero 1 --schedule interleaved_1f1b --virtual-stages 7 "
+    "--no-compare":
+        "autoplan estimate llama3-405b-128k --layers 4 --set seq_len=16384 --seq-len 16384 "
+        "--cluster dgx-h100 --nodes 4 --global-batch 2 --tp 8 --pp 2 --cp 2 --sp --zero 1 "
+        "--schedule interleaved_1f1b --virtual-stages 2 --no-compare",
     **{f"python benchmarks/{name}.py": (None, "minutes each, and it rewrites the checkout's "
                                               "benchmarks/results/; run by hand")
        for name in ("megatron_sc21", "plan_speed", "engine_overhead", "solver_scaling",
                     "search_vs_uniform", "search_measured", "cost_model_accuracy",
-                    "fuzz_counts")},
+                    "fuzz_counts", "moe_cp")},
 }
 
 #: the Python snippet with smaller settings: (README text, text run here)
