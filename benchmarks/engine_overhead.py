@@ -116,7 +116,7 @@ def worker(plan_path: Path, out: Path, rounds: int, block: int) -> int:
     from engine.config import RunConfig
     from engine.mesh import build_mesh, init_distributed
     from engine.train import Trainer
-    from engine.validate import check_all
+    from engine.runtime import check_all
 
     plan = Plan.load(plan_path)
     spec = check_all(plan, str(plan_path), world_size=int(os.environ["WORLD_SIZE"]))

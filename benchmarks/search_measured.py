@@ -156,7 +156,7 @@ def worker(auto_path: Path, uniform_path: Path, out: Path, rounds: int, block: i
     from engine.config import RunConfig
     from engine.mesh import init_distributed
     from engine.run import make_trainer
-    from engine.validate import check_all
+    from engine.runtime import check_all
 
     cfg = RunConfig(steps=10**6, lr=LR, memory="off", out_dir=str(out.parent / "run"))
     device = init_distributed("cpu", cfg.timeout_s)

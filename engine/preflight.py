@@ -121,9 +121,9 @@ def check_plan_common(plan: Any, spec: Any, source: str) -> None:
 
 
 def prelaunch_check(plan: Any, source: str, *, world_size: int) -> Any:
-    """The plan's checks before launch: :func:`engine.validate.check_all` (world, device,
+    """The plan's checks before launch: :func:`engine.runtime.check_all` (world, device,
     model, the runtime's support) and :func:`check_plan_common`; returns the model spec."""
-    from engine.validate import check_all
+    from engine.runtime import check_all
 
     spec = check_all(plan, source, world_size=world_size)
     check_plan_common(plan, spec, source)

@@ -112,7 +112,7 @@ def execute(plan: Plan, source: str, cfg: RunConfig, phase: _Phase | None = None
 
     from engine.mesh import init_distributed
     from engine.preflight import check_plan_common, check_run_options
-    from engine.validate import check_all
+    from engine.runtime import check_all
 
     check_run_options(cfg)
     spec = check_all(plan, source, world_size=int(os.environ["WORLD_SIZE"]),

@@ -1,7 +1,7 @@
 """Checks that run before any collective: does this plan fit this launch and this engine?
 
-:func:`check_all` runs the launch checks here, then the chosen runtime's own
-(:mod:`engine.runtime`).
+:func:`engine.runtime.check_all` runs the launch checks here, then the chosen runtime's
+own.
 
 Every failure is a :class:`PlanError` whose message names the plan file and says what to do,
 e.g. ``plan plans/x.json was made for 4 ranks (mesh pp=1 dp=2 tp=2) but torchrun started 2;
@@ -155,22 +155,3 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
     for st in plan.stages:
         chunk = model_lib.build_chunk(spec, st.layer_names)
         tp_plan(chunk, plan.param_placements, sequence_parallel=p.sequence_parallel)
-
-
-def check_all(plan: Plan, source: str, *, world_size: int,
-              local_world_size: int | None = None) -> ModelSpec:
-    """Every pre-collective check, cheapest first."""
-    if plan.parallel.ep > 1 or plan.parallel.cp > 1:
-        raise PlanError(f"plan {source}: field 'parallel' asks for expert (ep = "
-                        f"{plan.parallel.ep}) or context (cp = {plan.parallel.cp}) "
-                        "parallelism, which the engine does not run from a plan yet (the "
-                        "built-in GPT's layers support both: autoplan.models.moe, "
-                        "autoplan.models.context_parallel); export it to Megatron-LM or "
-                        "torchtitan, or plan with --ep 1 --cp 1")
-    check_world(plan, source, world_size=world_size, local_world_size=local_world_size)
-    check_device(plan, source, local_world_size=local_world_size)
-    spec = check_model(plan, source)
-    from engine.runtime import select
-
-    select(plan, spec).check(plan, spec, source)
-    return spec

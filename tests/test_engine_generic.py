@@ -98,7 +98,7 @@ def test_generic_gap_names_the_field():
 
 def test_check_all_picks_the_generic_runtime_and_refuses_with_the_reason(tmp_path):
     from engine.runtime import select
-    from engine.validate import check_all
+    from engine.runtime import check_all
 
     plan = _plan("user", tp=2, sp=True)
     path = plan.save(tmp_path / "p.json")

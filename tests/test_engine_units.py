@@ -21,7 +21,8 @@ from engine.memory import LiveTensorMemory
 from engine.metrics import StepRecord, format_table, model_flops_per_token, peak_flops, summarize
 from engine.run import build_parser
 from engine.tensor_parallel import parse_placement, tp_plan
-from engine.validate import check_all, check_engine_support, check_model, check_world
+from engine.runtime import check_all
+from engine.validate import check_engine_support, check_model, check_world
 from engine_helpers import TINY, TINY_LLAMA, make_plan
 
 SPEC = ModelSpec("builtin", "gpt", dict(TINY))

@@ -71,10 +71,15 @@ def shell_word(arg: str, *, placeholder: bool = False) -> str:
 
 
 def repo_root() -> Path:
-    """The checkout holding the ``engine`` package (where ``-m engine.run`` resolves)."""
-    import engine
+    """The checkout holding the ``engine`` package (where ``-m engine.run`` resolves): found,
+    not imported (the launcher writes commands; it runs none of the engine)."""
+    import importlib.util
 
-    return Path(engine.__file__).resolve().parent.parent
+    found = importlib.util.find_spec("engine")
+    if found is None or found.origin is None:
+        raise LaunchError("the engine package is not importable from here (install autoplan "
+                          "with `pip install -e .` in its checkout)")
+    return Path(found.origin).resolve().parent.parent
 
 
 def cluster_shape(plan: Plan) -> tuple[int, int]:
