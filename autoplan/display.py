@@ -49,7 +49,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
                     "device": (cluster.get("device") or {}).get("name")},
         "global_batch": plan.global_batch,
         "seq_len": plan.seq_len,
-        "parallel": plan.parallel.label(),
+        "parallel": plan.label(),
         "config": {k: getattr(plan.parallel, k) for k in (
             "dp", "tp", "pp", "zero", "sequence_parallel", "micro_batch", "num_micro_batches",
             "schedule", "virtual_stages", "checkpoint")},
@@ -62,7 +62,8 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
                    for s in plan.stages],
         "prediction": prediction_dict(plan.prediction) if plan.prediction else None,
         "alternatives": plan.alternatives,
-        "planner": plan.planner,
+        "planner": plan.planner.to_dict(),
+        "runtime": plan.runtime,
         "layout": plan.layout,
         "comparison": plan.comparison,
     }
@@ -170,7 +171,7 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
                   f"({count(plan.num_params)} params) on {cl.get('nodes')} x "
                   f"{cl.get('devices_per_node')} {device}, global batch {plan.global_batch}, "
                   f"seq {plan.seq_len}")
-    console.print(f"  [bold cyan]{plan.parallel.label()}[/bold cyan]"
+    console.print(f"  [bold cyan]{plan.label()}[/bold cyan]"
                   + (f"  ({plan.planner['label']})" if plan.planner.get("label") else "")
                   + ("" if plan.layout == "uniform" else
                      "  [yellow]stages on submeshes of their own shapes[/yellow]"))

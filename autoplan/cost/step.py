@@ -177,6 +177,15 @@ class StepModel:
         self.shared = shared if shared is not None and shared.share < 1 else None
         self.calibration = calibration if calibration is not None and \
             not calibration.is_identity else None
+        self._times: dict[tuple, float] = {}
+
+    def _comm_time(self, collective: str, nbytes: float, group: Group) -> float:
+        """``CommModel.time``, remembered (a grid asks for the same few many times)."""
+        key = (collective, nbytes, group)
+        hit = self._times.get(key)
+        if hit is None:
+            hit = self._times[key] = self.comm.time(collective, nbytes, group)
+        return hit
 
     # ---- data parallelism of one pipeline rank ------------------------------------------
     def _syncs(self, buckets: Sequence[ParamBucket], zero: int) -> tuple[float, float, float]:
@@ -184,10 +193,10 @@ class StepModel:
         t_reduce = t_gather = local = 0.0
         for b in buckets:
             if b.group.size > 1 and b.count > 0:
-                t_reduce += self.comm.time("all_reduce", b.count * REDUCE_BYTES, b.group)
+                t_reduce += self._comm_time("all_reduce", b.count * REDUCE_BYTES, b.group)
                 if zero == 3:
-                    t_gather += self.comm.time("all_gather", b.count * self.param_bytes,
-                                               b.group)
+                    t_gather += self._comm_time("all_gather", b.count * self.param_bytes,
+                                                b.group)
             local += b.count / b.group.size if zero >= 1 else b.count
         return t_reduce, t_gather, local
 

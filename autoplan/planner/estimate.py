@@ -164,8 +164,10 @@ class Estimator:
 
     def pp_link(self, p: ParallelConfig) -> Group:
         """Consecutive pipeline ranks are dp·cp·tp ranks apart: same node only if that fits."""
-        same_node = p.dp * p.cp * p.tp * 2 <= self.cluster.devices_per_node
-        return Group(size=2, ranks_per_node=2 if same_node else 1)
+        return Group(size=2, ranks_per_node=2 if self._pp_same_node(p) else 1)
+
+    def _pp_same_node(self, p: ParallelConfig) -> bool:
+        return p.dp * p.cp * p.tp * 2 <= self.cluster.devices_per_node
 
     @functools.cached_property
     def _first_block(self) -> int:
@@ -356,27 +358,35 @@ class Estimator:
 
     def chunk_cost(self, start: int, end: int, p: ParallelConfig, *, last: bool) -> ChunkCost:
         """The :class:`~autoplan.cost.step.ChunkCost` of layers [start, end) under ``p``."""
-        ckpt = p.checkpoint == "full"
+        return self._chunk_cost(start, end, p.tp, p.sequence_parallel, p.micro_batch,
+                                p.checkpoint == "full", last, p.dp, p.zero,
+                                2 if self._pp_same_node(p) else 1, p.ep, p.cp)
+
+    @functools.lru_cache(maxsize=None)
+    def _chunk_cost(self, start: int, end: int, tp: int, sp: bool, micro_batch: int,
+                    ckpt: bool, last: bool, dp: int, zero: int, pp_per_node: int,
+                    ep: int = 1, cp: int = 1) -> ChunkCost:
         (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
-         experts) = self._layers(start, end, p.tp, p.sequence_parallel, p.micro_batch, ckpt,
-                                 p.ep, p.cp)
+         experts) = self._layers(start, end, tp, sp, micro_batch, ckpt, ep, cp)
         send = 0.0
         if not last:
-            scale = p.micro_batch / self.b0
-            out_bytes = self.graph.layers[end - 1].stats.output_bytes * scale / p.tp / p.cp
-            send = self.comm.time("send_recv", out_bytes, self.pp_link(p))
+            scale = micro_batch / self.b0
+            out_bytes = self.graph.layers[end - 1].stats.output_bytes * scale / tp / cp
+            send = self.comm.time("send_recv", out_bytes,
+                                  Group(size=2, ranks_per_node=pp_per_node))
         modules = 1 + sum(_is_block(self.graph.layers[i].name) for i in range(start, end))
+        p = ParallelConfig(dp=dp, tp=tp, ep=ep, cp=cp)          # for the group shapes
         buckets = (ParamBucket(("dp",), params, self.dp_group(p)),)
         if params_sp:          # sequence-sharded norms: gradients summed over dp·cp x tp
-            n = p.dp * p.cp * p.tp
+            n = dp * cp * tp
             group = Group(size=n, ranks_per_node=min(n, self.cluster.devices_per_node))
             buckets += (ParamBucket(("dp", "tp"), params_sp, group),)
         if experts:            # expert weights: over the dp·cp / ep ranks holding them
             buckets += (ParamBucket(("edp",), experts, self.expert_dp_group(p)),)
         return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, ckpt, buckets, gathered,
-                         p.zero, p.dp * p.cp * p.tp, cpu_f, cpu_b, modules,
+                         zero, dp * cp * tp, cpu_f, cpu_b, modules,
                          transient=temporary_bytes(self.graph, start, end,
-                                                   p.micro_batch / self.b0 / p.cp, p.tp))
+                                                   micro_batch / self.b0 / cp, tp))
 
     # ---- one configuration ---------------------------------------------------------------
     def chunks(self, p: ParallelConfig) -> list[ChunkCost]:
