@@ -311,8 +311,10 @@ class _LossForward:
     """Mixin: ``forward(input_ids, labels)`` returns the language-model loss (causal,
     masked or encoder-decoder: transformers shifts the labels where the task needs it)."""
 
+    _takes_use_cache = True           # set per class by build(): BERT's forward has no cache
+
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        kwargs = {} if self.config.model_type in _NO_CACHE_ARG else {"use_cache": False}
+        kwargs = {"use_cache": False} if self._takes_use_cache else {}
         return super().forward(input_ids=input_ids, labels=labels, **kwargs).loss
 
 
@@ -321,9 +323,6 @@ class _ImageLossForward:
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return super().forward(pixel_values=pixel_values, labels=labels).loss
-
-
-_NO_CACHE_ARG: set[str] = set()
 
 
 def build(spec: ModelSpec) -> nn.Module:
@@ -338,11 +337,10 @@ def build(spec: ModelSpec) -> nn.Module:
     except KeyError as exc:
         raise ConfigError(f"model_type {spec.name!r} has no {task} class in transformers",
                           field="model.name") from exc
-    if task != "image-classification" and \
-            "use_cache" not in inspect.signature(cls.forward).parameters:
-        _NO_CACHE_ARG.add(spec.name)
     mixin = _ImageLossForward if task == "image-classification" else _LossForward
-    trainable = type(f"{cls.__name__}ForTraining", (mixin, cls), {})
+    body = {} if mixin is _ImageLossForward else {
+        "_takes_use_cache": "use_cache" in inspect.signature(cls.forward).parameters}
+    trainable = type(f"{cls.__name__}ForTraining", (mixin, cls), body)
     model = trainable._from_config(config,
                                    attn_implementation=spec.config.get("attn_implementation",
                                                                        "sdpa"))
