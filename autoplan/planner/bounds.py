@@ -21,7 +21,7 @@ import time
 from autoplan.cluster import Cluster
 from autoplan.cost.memory import PRECISION_BYTES
 from autoplan.errors import InfeasibleError
-from autoplan.planner.uniform import _size
+from autoplan.planner.uniform import size_text
 
 def parameter_counts(spec) -> tuple[int, int]:
     """(parameters, trainable parameters) of ``spec``'s model: the closed form of a built-in
@@ -75,11 +75,11 @@ def check_states_fit(spec, cluster: Cluster, precision: str) -> float:
         raise InfeasibleError(
             f"model does not fit: memory per device is the binding constraint. "
             f"{describe(spec)}'s {params / 1e9:.4g}B parameters need "
-            f"{_size(states_lower_bound(params, trainable, 1, precision))} of model states "
+            f"{size_text(states_lower_bound(params, trainable, 1, precision))} of model states "
             f"({p_b:g} + {g_b:g} + {o_b:g} bytes per parameter, {precision} precision); "
             f"sharded evenly over all {cluster.world_size} devices that is at least "
-            f"{_size(need)} per device before any activation, but each "
-            f"{cluster.device.name} has {_size(have)}; to make it fit use at least "
+            f"{size_text(need)} per device before any activation, but each "
+            f"{cluster.device.name} has {size_text(have)}; to make it fit use at least "
             f"{_devices_needed(need * cluster.world_size, have, cluster)} devices")
     return time.perf_counter() - t0
 

@@ -124,10 +124,10 @@ def analyse(spec, graph: OpGraph) -> ModelStructure:
         node_names = list(graph.nodes)
         pos = {n: k for k, n in enumerate(names)}
         out: list[Transition] = []
-        from autoplan.planner.strategies import _flat_refs
+        from autoplan.planner.strategies import flat_refs
 
         for op in rec.ops[l]:
-            for q, r in enumerate(_flat_refs(op)):
+            for q, r in enumerate(flat_refs(op)):
                 if r.kind != "op":
                     continue
                 src = node_names[r.source]

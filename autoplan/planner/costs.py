@@ -357,7 +357,7 @@ class CostModel:
         seen_moves: set = set()
         for pos in mem:
             info = kg.ops[pos]
-            s = info.strategies[_member_choice(kg, pos, k)]
+            s = info.strategies[member_choice(kg, pos, k)]
             node = nodes[pos]
             acts = tuple(src.kind in ("external", "leaf") or
                          (src.kind == "op" and src.ref not in kg.param_chain)
@@ -429,7 +429,7 @@ class CostModel:
             # parameters read by this op (directly or through a view of it)
             tp_matmul = False
             for q, src in enumerate(info.inputs):
-                fqn, pspec = _param_spec(kg, src, s.inputs[q])
+                fqn, pspec = param_spec(kg, src, s.inputs[q])
                 if fqn is not None and pspec is not None and node.params and \
                         op_kind(node) == "matmul" and any(
                             pspec[x].startswith("S") and sizes[x] > 1 for x in range(AXES)):
@@ -503,11 +503,11 @@ def grad_sinks(kg: KindGraph) -> frozenset[int]:
     return frozenset(out)
 
 
-def _member_choice(kg: KindGraph, pos: int, k: int) -> int:
+def member_choice(kg: KindGraph, pos: int, k: int) -> int:
     return k if kg.anchor_of[pos] == pos else kg.follow[pos][k]
 
 
-def _param_spec(kg: KindGraph, src, use: Spec) -> tuple[str | None, Spec | None]:
+def param_spec(kg: KindGraph, src, use: Spec) -> tuple[str | None, Spec | None]:
     """(FQN, placement in the parameter's own dims) of a parameter input, or (None, None)."""
     if src.kind == "param":
         return src.ref, tuple("R" if p == "P" else p for p in use)

@@ -448,7 +448,7 @@ def replicate_strategy(n_in: int, n_out: int) -> Strategy:
 
 # ---- layer kinds --------------------------------------------------------------------------
 
-def _flat_refs(op: RecordedOp) -> list[TensorRef]:
+def flat_refs(op: RecordedOp) -> list[TensorRef]:
     is_ref = lambda x: isinstance(x, TensorRef)          # noqa: E731
     return [x for x in pytree.tree_leaves((op.args, op.kwargs), is_leaf=is_ref)
             if isinstance(x, TensorRef)]
@@ -474,7 +474,7 @@ def build_kind(mesh, graph: OpGraph, rec: Recording, layer: int) -> KindGraph:
                                 [replicate_strategy(n_in, n_out)], False,
                                 "not seen when re-run at the probe batch"))
             continue
-        refs = _flat_refs(op)
+        refs = flat_refs(op)
         sources = []
         for r in refs:
             if r.kind == "op" and r.source in pos_of:

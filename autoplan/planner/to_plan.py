@@ -24,7 +24,7 @@ import torch
 
 import autoplan
 from autoplan.plan import MeshSpec, ParallelConfig, Plan, Stage
-from autoplan.planner.costs import BUCKETS, _param_spec, _member_choice
+from autoplan.planner.costs import BUCKETS, param_spec, member_choice
 from autoplan.planner.evaluate import PipelineChoice, StageChoice
 from autoplan.planner.search import SearchResult
 from autoplan.planner.strategies import dtensor_placement, members
@@ -89,9 +89,9 @@ def _param_and_activation_placements(result: SearchResult, st: StageChoice, micr
                 if p[b] > 0:
                     data_axes.update(axes)
             for pos in members(kg, a):
-                s = kg.ops[pos].strategies[_member_choice(kg, pos, k)]
+                s = kg.ops[pos].strategies[member_choice(kg, pos, k)]
                 for q, src in enumerate(kg.ops[pos].inputs):
-                    fqn, pspec = _param_spec(kg, src, s.inputs[q])
+                    fqn, pspec = param_spec(kg, src, s.inputs[q])
                     if fqn is not None and pspec is not None:
                         spec_of_param.setdefault(fqn, pspec)
         for l in range(st.start, st.end):

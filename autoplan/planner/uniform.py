@@ -243,21 +243,21 @@ def explain_infeasible(closest: Candidate, cluster: Cluster) -> str:
     if unsharded < limit:
         devices = math.ceil(cluster.world_size * states / (limit - unsharded))
         hints.append(f"at least {devices} devices instead of {cluster.world_size} (the "
-                     f"model states, {_size(states)} per device here, shard over them)")
+                     f"model states, {size_text(states)} per device here, shard over them)")
     else:
         hints.append(f"a shorter sequence or a smaller model: activations and buffers alone "
-                     f"need {_size(unsharded)} per device, so more devices will not do")
+                     f"need {size_text(unsharded)} per device, so more devices will not do")
     return (f"model does not fit: memory per device is the binding constraint. The "
             f"configuration needing the least memory ({p.label()}) needs "
-            f"{_size(mem.total)} per device (params {_size(mem.params)}, grads "
-            f"{_size(mem.grads)}, optimizer {_size(mem.optimizer)}, activations "
-            f"{_size(mem.activations)}, other {_size(mem.other)}) but each "
-            f"{cluster.device.name} has {_size(limit)}"
+            f"{size_text(mem.total)} per device (params {size_text(mem.params)}, grads "
+            f"{size_text(mem.grads)}, optimizer {size_text(mem.optimizer)}, activations "
+            f"{size_text(mem.activations)}, other {size_text(mem.other)}) but each "
+            f"{cluster.device.name} has {size_text(limit)}"
             + (f"; it already uses {', '.join(pulled)}" if pulled else "")
             + "; to make it fit use " + ", or ".join(hints))
 
 
-def _size(nbytes: float) -> str:
+def size_text(nbytes: float) -> str:
     """Bytes in GB (1e9 bytes), or in MB / kB when smaller, to one decimal."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6)):
         if nbytes >= scale:
