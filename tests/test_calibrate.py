@@ -163,7 +163,10 @@ def test_shared_cores_bound_the_step_by_total_work(tiny, local, profiles):
     est = Estimator(tiny, local, precision="fp32")
     p = ParallelConfig(pp=4, micro_batch=1, num_micro_batches=8)
     pred = est.predict(p)
-    raw = est._predict(p)
+    # the same chunks composed without the shared-core property (a GPU's composition)
+    from autoplan.cost.step import StepModel
+    raw = StepModel(est.compute, est.comm, precision="fp32", memory_limit_bytes=1.0,
+                    peak_flops=est.peak).compose(est.chunks(p), est.workload(p))
     t = pred.time
     assert t.total == pytest.approx(pred.step_time_s)
     assert pred.step_time_s >= 0.5 * raw.step_time_s - 1e-12          # T >= s * T_dep
