@@ -51,6 +51,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from autoplan.errors import PlanError
 from autoplan.plan import Plan
+from autoplan.schedule import order as schedule_order
 from engine import model as model_lib
 from engine.data import local_batch
 from engine.parallelize import apply_checkpointing
@@ -297,43 +298,10 @@ def vocab_parallel_loss(logits: DTensor, targets: DTensor) -> DTensor:
 def schedule_actions(schedule: str, position: int, pp: int, v: int, m: int
                      ) -> list[tuple[str, int, int]]:
     """The order of ``(kind, chunk, micro-batch)`` (kind ``"F"``/``"B"``, ``chunk`` the
-    index among this pipeline rank's ``v`` chunks) on pipeline rank ``position`` of ``pp``.
-
-    * one stage: forward and backward alternate (nothing to overlap);
-    * GPipe: all forwards, then all backwards;
-    * 1F1B: ``pp - position - 1`` warm-up forwards, then one forward and one backward
-      alternately, then the remaining backwards (Narayanan et al. 2019);
-    * interleaved 1F1B (``v`` chunks, ``m`` a multiple of ``pp``; Narayanan et al. 2021,
-      Megatron-LM's order): forward ``k`` is micro-batch ``(k // (pp v)) pp + k % pp`` of
-      chunk ``(k // pp) % v``, backward ``k`` the same micro-batch of chunk
-      ``v - 1 - (k // pp) % v``; ``2 (pp - position - 1) + (v - 1) pp`` warm-up forwards.
-    """
-    if pp * v == 1:
-        return [a for i in range(m) for a in (("F", 0, i), ("B", 0, i))]
-    if schedule == "gpipe" and v == 1:
-        return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
-    if v == 1:
-        warm = min(pp - position - 1, m)
-        out = [("F", 0, i) for i in range(warm)]
-        for i in range(m - warm):
-            out += [("F", 0, warm + i), ("B", 0, i)]
-        return out + [("B", 0, i) for i in range(m - warm, m)]
-    total = m * v
-
-    def micro(k: int) -> int:
-        return (k // (pp * v)) * pp + k % pp
-
-    def fwd(k: int) -> tuple[str, int, int]:
-        return ("F", (k // pp) % v, micro(k))
-
-    def bwd(k: int) -> tuple[str, int, int]:
-        return ("B", v - 1 - (k // pp) % v, micro(k))
-
-    warm = min(2 * (pp - position - 1) + (v - 1) * pp, total)
-    out = [fwd(k) for k in range(warm)]
-    for k in range(total - warm):
-        out += [fwd(warm + k), bwd(k)]
-    return out + [bwd(k) for k in range(total - warm, total)]
+    index among this pipeline rank's ``v`` chunks) on pipeline rank ``position`` of ``pp``:
+    :func:`autoplan.schedule.order`, the one order the report and the memory model use too
+    (GPipe, 1F1B, Megatron-LM's interleaved 1F1B; one stage alternates)."""
+    return [tuple(a) for a in schedule_order(schedule, pp, v, m, position)]
 
 
 def run_micro_batches(stages: list[StagedStage], inputs: torch.Tensor, targets: torch.Tensor

@@ -73,3 +73,17 @@ def test_peak_in_flight_closed_forms():
 def test_bad_arguments_are_named(bad):
     with pytest.raises(ValueError):
         order(*bad)
+
+
+def test_memory_models_closed_form_is_the_orders_count():
+    """cost.memory.in_flight_micro_batches (closed form, cheap in the planners' loops) equals
+    the count on the order the engine runs."""
+    from autoplan.cost.memory import in_flight_micro_batches
+
+    for schedule in SCHEDULES:
+        for pp, v, m in itertools.product(range(1, 6), (1, 2, 3), range(1, 13)):
+            if v > 1 and (schedule != "interleaved_1f1b" or m % pp):
+                continue
+            for r in range(pp):
+                assert in_flight_micro_batches(schedule, pp, r, m, v) == pytest.approx(
+                    peak_in_flight(schedule, pp, r, m, v)), (schedule, pp, v, m, r)

@@ -119,8 +119,11 @@ def recompute_peak_bytes(stats: LayerStats, *, tp: int = 1, sequence_parallel: b
 
 def in_flight_micro_batches(schedule: str, pp: int, stage: int, num_micro_batches: int,
                             virtual_stages: int = 1) -> float:
-    """Micro-batches of *whole-stage* activations pipeline rank ``stage`` holds at its peak.
+    """Micro-batches of *whole-stage* activations pipeline rank ``stage`` holds at its peak:
+    the closed form of :func:`autoplan.schedule.peak_in_flight`, which counts it on the very
+    order the engine runs (``tests/test_schedule.py`` checks the two agree).
 
+    * one stage (``pp = v = 1``): forward and backward alternate: 1 (min(1, m)).
     * ``gpipe``: all forwards run before any backward: m.
     * ``1f1b``: rank r runs p - r - 1 warm-up forwards, then alternates one forward and one
       backward: min(p - r, m).
@@ -137,6 +140,8 @@ def in_flight_micro_batches(schedule: str, pp: int, stage: int, num_micro_batche
     if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < pp:
         raise ValueError(f"stage must be in [0, {pp}), got {stage!r}")
     m, v = num_micro_batches, virtual_stages
+    if pp * v == 1:
+        return 1.0
     if schedule == "gpipe":
         return float(m)
     if schedule == "1f1b" or v == 1:

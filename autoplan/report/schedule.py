@@ -18,7 +18,7 @@ Orders per rank ``d``:
   then one forward and one backward in turn, then the remaining backwards.
 * ``interleaved_1f1b`` (Megatron-LM; torch.distributed.pipelining's
   ``ScheduleInterleaved1F1B``): forwards visit the rank's chunks round-robin in rounds of
-  ``g`` micro-batches (``g = pp`` when pp divides m, see :func:`round_size`);
+  ``g`` micro-batches (``g = pp`` when pp divides m, see :func:`autoplan.schedule.round_size`);
   ``2 (pp - d - 1) + (v - 1) g`` warm-up forwards, then 1F1B; backwards visit the chunks
   in reverse.
 """
@@ -28,9 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from autoplan.plan import SCHEDULES
+from autoplan.schedule import BACKWARD, FORWARD, order
 
-FORWARD, BACKWARD = "F", "B"
 
 
 @dataclass(frozen=True)
@@ -45,52 +44,14 @@ class Block:
     end: float
 
 
-def round_size(pp: int, m: int) -> int:
-    """Micro-batches per round of the interleaved schedule: ``m / max(1, m // pp)`` (``pp``
-    when ``m`` is a multiple of it; torch.distributed.pipelining's rule), rounded up when
-    the rounds do not divide ``m`` evenly."""
-    rounds = max(1, m // pp)
-    return -(-m // rounds)
-
-
-def _interleaved_sequence(pp: int, v: int, m: int, rank: int,
-                          kind: str) -> list[tuple[str, int, int]]:
-    """(kind, chunk, micro-batch) of one direction on ``rank``, Megatron's chunk order."""
-    out = []
-    g = round_size(pp, m)
-    for first in range(0, m, g):
-        group = range(first, min(first + g, m))
-        locals_ = range(v) if kind == FORWARD else range(v - 1, -1, -1)
-        for j in locals_:
-            out.extend((kind, j * pp + rank, i) for i in group)
-    return out
-
-
 def op_order(schedule: str, pp: int, v: int, m: int, rank: int,
              extra_warmup: int = 0) -> list[tuple[str, int, int]]:
-    """The (kind, chunk, micro-batch) operations rank ``rank`` runs, in order.
-
+    """The (kind, chunk, micro-batch) operations rank ``rank`` runs, in order, with global
+    chunk numbers: :func:`autoplan.schedule.order`, the order the engine runs.
     ``extra_warmup`` adds warm-up forwards (1F1B schedules), for the interleaved cases whose
-    rounds do not divide ``m`` (see :func:`simulate`).
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    if min(pp, v, m) < 1 or not 0 <= rank < pp:
-        raise ValueError(f"need pp, v, m >= 1 and 0 <= rank < pp; got {pp}, {v}, {m}, {rank}")
-    if v > 1 and schedule != "interleaved_1f1b":
-        raise ValueError(f"{v} chunks per rank need the interleaved_1f1b schedule")
-    fwd = _interleaved_sequence(pp, v, m, rank, FORWARD)
-    bwd = _interleaved_sequence(pp, v, m, rank, BACKWARD)
-    if schedule == "gpipe":
-        return fwd + bwd
-    if v == 1:
-        warmup = min(pp - rank - 1 + extra_warmup, m)
-    else:
-        warmup = min(2 * (pp - rank - 1) + (v - 1) * round_size(pp, m) + extra_warmup, m * v)
-    order = fwd[:warmup]
-    for k in range(len(fwd) - warmup):
-        order += [fwd[warmup + k], bwd[k]]
-    return order + bwd[len(fwd) - warmup:]
+    rounds do not divide ``m`` (see :func:`simulate`)."""
+    return [(a.kind, a.chunk * pp + rank, a.micro_batch)
+            for a in order(schedule, pp, v, m, rank, extra_warmup)]
 
 
 def simulate(schedule: str, pp: int, v: int, m: int, forward: Sequence[float],
