@@ -81,6 +81,9 @@ def test_no_import_circles(graph):
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+@pytest.mark.xfail(strict=True, reason="open (issue 12 item 3): api.search_gap and "
+                   "export.common still ask engine.staged/engine.model whether the per-op or "
+                   "uniform runtime expresses a search plan; models/capabilities no longer do")
 def test_planner_side_never_imports_the_engine(graph):
     _, g, _ = graph
     bad = sorted(f"{a} -> {b}" for a, b in g.edges if a.startswith("autoplan")
@@ -88,6 +91,8 @@ def test_planner_side_never_imports_the_engine(graph):
     assert not bad, "planner modules importing engine: " + ", ".join(bad)
 
 
+@pytest.mark.xfail(strict=True, reason="open (issue 12 item 6): planner/strategies.py is "
+                   "728 lines; plan.py and cluster.py were split")
 def test_no_module_over_600_lines(graph):
     mods, _, _ = graph
     big = sorted((n, len(p.read_text().splitlines())) for n, p in mods.items()
