@@ -18,9 +18,10 @@ import yaml
 
 from autoplan.api import head_counts, plan_problem, prepare
 from autoplan.cli import main
+from autoplan.cost.memory import usable_bytes
 from autoplan.errors import InfeasibleError
 from autoplan.planner.estimate import fits
-from autoplan.planner.uniform import SearchSpace, _size, enumerate_configs
+from autoplan.planner.uniform import SearchSpace, size_text, enumerate_configs
 from fuzz_helpers import PROFILES
 
 MEMORY_GB = 0.05
@@ -55,11 +56,15 @@ def test_names_memory_per_device_needed_vs_available_for_the_least_hungry(proble
     assert preds and not any(fits(p) for _, p in preds)
     cfg, least = min(preds, key=lambda cp: cp[1].memory.total)
     assert "memory per device is the binding constraint" in msg
-    assert f"({cfg.label()}) needs {_size(least.memory.total)} per device" in msg
-    assert f"each cpu-local has {_size(MEMORY_GB * 1e9)}" in msg
+    assert f"({cfg.label()}) needs {size_text(least.memory.total)} per device" in msg
+    # available: the memory a plan may fill, the device's less the headroom left free
+    # (--memory-headroom, 2% by default: 49.0 MB of the 50 MB), what "fits" compares against
+    limit = least.memory_limit_bytes
+    assert limit == pytest.approx(usable_bytes(MEMORY_GB * 1e9, problem.memory_headroom))
+    assert f"each cpu-local has {size_text(limit)}" in msg
     for part in ("params", "grads", "optimizer", "activations", "other"):
-        assert f"{part} {_size(getattr(least.memory, part))}" in msg
-    assert least.memory.total > MEMORY_GB * 1e9
+        assert f"{part} {size_text(getattr(least.memory, part))}" in msg
+    assert least.memory.total > limit
 
 
 def test_the_device_count_it_suggests_makes_it_fit(problem):

@@ -98,8 +98,12 @@ def test_hf_config_problems_are_config_errors():
     with pytest.raises(ConfigError, match="pad_token_id"):
         resolve("hf:phi3", vocab_size=1000)                  # pad id 32,000
     with pytest.raises(ConfigError, match="head_dim"):
-        resolve("hf:qwen2", head_dim=64)                     # derived, not a field
+        resolve("hf:bert", head_dim=64)                      # derived, not a field
     assert resolve("hf:llama", head_dim=64).config["head_dim"] == 64
+    # not a field of their configs, but read by their modelling code (getattr with the
+    # hidden / heads fallback): a real setting, accepted
+    for model_type in ("qwen2", "qwen3_moe"):
+        assert resolve(f"hf:{model_type}", head_dim=64).config["head_dim"] == 64
     with pytest.raises(ConfigError, match="hidden.size"):
         resolve("hf:llama", hidden_size=100, num_attention_heads=8, head_dim=None)
     # attention: sdpa where the class supports it, else eager; sdpa asked of BLOOM refused

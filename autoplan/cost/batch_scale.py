@@ -18,7 +18,12 @@ constant. Each producer is matched to one argument first; arguments left over th
 producer of their shape, since one producer may feed several arguments (a fused q/k/v
 projection's ``unbind`` feeding attention its q, k and v: ViT). Arguments of one op with equal
 shape and dtype scale alike (if one grows with the batch, so do the others: attention's q, k
-and v must keep equal batch dims, or ``sdpa_flop_count`` asserts on the scaled shapes).
+and v must keep equal batch dims, or ``sdpa_flop_count`` asserts on the scaled shapes) — except
+an argument a producer answered for, whose answer stands. An argument no producer made that has
+the shape of a parameter the op reads (``OpNode.params``; transposed too, ``t(weight)``) is that
+parameter, checked before the shared-producer and equal-shape rules: a weight never scales, even
+where its shape is that of the activation beside it (gpt-tiny's addmm, ``(b·s, h)`` input and
+``(h, h)`` weight, at ``b·s = h``).
 
 Which dim (:func:`scaled_node`): dim 0 of every batch-dependent tensor is multiplied by
 ``k = b / b0`` — the batch dim of batch-first models, or the flattened ``batch x sequence``
@@ -51,7 +56,9 @@ def batch_tensors(graph: OpGraph) -> dict[str, tuple[tuple[bool, ...], bool]]:
         producers = [(graph.nodes[p].output_meta, out_flag.get(p, False))
                      for p in node.inputs if p in graph.nodes]
         used: set[int] = set()
+        weights = _param_shapes(graph, node)
         flags = []
+        produced = []           # per argument: did a producer or a parameter answer for it?
         for meta in node.input_meta:
             flag = None
             for j, (outs, dep) in enumerate(producers):
@@ -60,25 +67,50 @@ def batch_tensors(graph: OpGraph) -> dict[str, tuple[tuple[bool, ...], bool]]:
                     used.add(j)
                     flag = dep
                     break
+            if flag is None:        # a parameter the op reads (``t(weight)`` too): never
+                # the batch, even where its shape is an activation's (addmm's (h, h) weight
+                # beside its (b*s, h) input at b*s = h)
+                hit = next((i for i, shapes in enumerate(weights)
+                            if tuple(meta.shape) in shapes), None)
+                if hit is not None:
+                    weights.pop(hit)
+                    flag = False
             if flag is None:        # one producer feeding several arguments: fused q/k/v
                 # split into three views of one output, all three read by attention
                 flag = next((dep for outs, dep in producers
                              if any(o.shape == meta.shape and o.dtype == meta.dtype
                                     for o in outs)), None)
+            produced.append(flag is not None)
             if flag is None:
                 flag = (tuple(meta.shape), meta.dtype) in from_inputs
             flags.append(flag)
-        same: dict[tuple, bool] = {}   # equal-shaped arguments (q, k, v) scale alike
+        # equal-shaped arguments (q, k, v) scale alike -- but only an argument no producer
+        # or parameter answered for is promoted: one that was answered for keeps its answer,
+        # so a weight never scales with the activation of its shape beside it
+        same: dict[tuple, bool] = {}
         for meta, flag in zip(node.input_meta, flags):
             key = (tuple(meta.shape), meta.dtype)
             same[key] = same.get(key, False) or flag
-        flags = [same[(tuple(m.shape), m.dtype)] for m in node.input_meta]
+        flags = [f if known else same[(tuple(m.shape), m.dtype)]
+                 for m, f, known in zip(node.input_meta, flags, produced)]
         dep = any(flags) or any(d for _, d in producers)
         out_flag[node.name] = dep
         if dep and not producers:
             from_inputs.update((tuple(m.shape), m.dtype) for m in node.output_meta)
         result[node.name] = (tuple(flags), dep)
     return result
+
+
+def _param_shapes(graph: OpGraph, node: OpNode) -> list[set[tuple[int, ...]]]:
+    """Per parameter ``node`` reads: the shapes its argument may have (the parameter's, or
+    transposed: ``addmm`` reads ``t(weight)``)."""
+    out = []
+    for name in node.params:
+        info = graph.params.get(name)
+        if info is not None:
+            shape = tuple(info.shape)
+            out.append({shape, shape[::-1]})
+    return out
 
 
 def _scale_meta(meta: TensorMeta, k: float) -> TensorMeta | None:
