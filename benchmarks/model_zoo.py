@@ -175,7 +175,6 @@ def plan_row(name: str, which: str) -> dict:
     import warnings
 
     warnings.filterwarnings("ignore")
-    import autoplan
     from autoplan.api import prepare
 
     row: dict = {"model": name, "cluster": which, "config": "default"}
