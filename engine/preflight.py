@@ -109,11 +109,14 @@ def check_plan_common(plan: Any, spec: Any, source: str) -> None:
         if value not in SUPPORTED_DTYPES:
             raise PlanError(f"plan {source}: field 'precision.{key}': the engine supports "
                             f"{list(SUPPORTED_DTYPES)}, got {value!r}")
-    info = model_lib.model_info(spec)
-    seq = plan.seq_len or info.max_seq_len
-    if seq > info.max_seq_len:
-        raise PlanError(f"plan {source}: field 'seq_len' {seq} exceeds the model's "
-                        f"{info.max_seq_len}")
+    from autoplan.capability import runtime_for
+
+    if runtime_for(spec, plan) != "generic":    # the adapted runtimes know the model's sizes
+        info = model_lib.model_info(spec)
+        seq = plan.seq_len or info.max_seq_len
+        if seq > info.max_seq_len:
+            raise PlanError(f"plan {source}: field 'seq_len' {seq} exceeds the model's "
+                            f"{info.max_seq_len}")
     p = plan.parallel
     if p.num_micro_batches < 1 or plan.global_batch % p.num_micro_batches:
         raise PlanError(f"plan {source}: field 'global_batch' {plan.global_batch} is not a "
