@@ -309,16 +309,18 @@ def _prepare(args: argparse.Namespace, check_fits: bool = False):
 
     console = Console(stderr=True)
     spec = _spec(args)
-    if spec.source == "hf" and args.seq_len is None:
-        from autoplan.models.hf import default_seq_len, seq_len_note
-
-        console.print(seq_len_note(spec, default_seq_len(spec)))
     with console.status(f"tracing {args.model} on the meta device ...", spinner="dots"):
-        return prepare(spec, args.cluster, global_batch=args.global_batch,
-                       nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
-                       check_fits=check_fits,
-                       **({"memory_headroom": args.memory_headroom}
-                          if getattr(args, "memory_headroom", None) is not None else {}))
+        problem = prepare(spec, args.cluster, global_batch=args.global_batch,
+                          nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
+                          check_fits=check_fits,
+                          **({"memory_headroom": args.memory_headroom}
+                             if getattr(args, "memory_headroom", None) is not None else {}))
+    if spec.source == "hf" and args.seq_len is None:
+        # said once the inputs are known good: an error stays the one line it is
+        from autoplan.models.hf import seq_len_note
+
+        console.print(seq_len_note(spec, problem.seq_len))
+    return problem
 
 
 # ---- commands ----------------------------------------------------------------------------
