@@ -442,7 +442,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from autoplan.display import count, fit_table
 
     console = _console()
-    console.print(f"[bold]{args.model}[/bold] ({spec.name}) {count(summary['params'])} params, "
+    active = summary.get("active_params", summary["params"])
+    shown = count(summary["params"]) + (f" ({count(active)} active)"
+                                        if active != summary["params"] else "")
+    console.print(f"[bold]{args.model}[/bold] ({spec.name}) {shown} params, "
                   f"{summary['ops']} aten ops, {summary['layers']} layers "
                   f"({', '.join(f'{n} x {k}' for k, n in summary['layer_kinds'].items())}), "
                   f"traced in {summary['trace_seconds']:.2f} s")
