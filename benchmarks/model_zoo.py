@@ -52,6 +52,10 @@ PARITY = 1e-5
 CPU_MAX_PARAMS = 500_000_000
 
 _ENC = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4)
+#: small encoder-decoder (BART-family) sizes
+_ENC_DEC = dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                vocab_size=128, max_position_embeddings=64)
 _LM = dict(_ENC, vocab_size=128)
 _TV, _TIMM = "import:benchmarks.zoo_models:torchvision_model", \
     "import:benchmarks.zoo_models:timm_model"
@@ -89,10 +93,7 @@ ZOO: dict[str, tuple[str, dict, dict, str | None]] = {
                                        max_position_embeddings=66, pad_token_id=1), None),
     "t5": ("hf:t5", {}, dict(num_layers=2, d_model=64, d_kv=16, num_heads=4, d_ff=128,
                              vocab_size=128), None),
-    "bart": ("hf:bart", {}, dict(encoder_layers=2, decoder_layers=2, d_model=64,
-                                 encoder_attention_heads=4, decoder_attention_heads=4,
-                                 encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128,
-                                 max_position_embeddings=64), None),
+    "bart": ("hf:bart", {}, _ENC_DEC, None),
     "vit": ("hf:vit", {}, dict(_ENC, intermediate_size=128, image_size=32, patch_size=8),
             None),
     "distilbert": ("hf:distilbert", {}, dict(n_layers=2, dim=64, n_heads=4, hidden_dim=128,
@@ -107,10 +108,7 @@ ZOO: dict[str, tuple[str, dict, dict, str | None]] = {
                                              max_position_embeddings=64), None),
     "olmo": ("hf:olmo", {}, dict(_LM, intermediate_size=128, max_position_embeddings=64,
                                  pad_token_id=1), None),
-    "mbart": ("hf:mbart", {}, dict(encoder_layers=2, decoder_layers=2, d_model=64,
-                                   encoder_attention_heads=4, decoder_attention_heads=4,
-                                   encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=128,
-                                   max_position_embeddings=64), None),
+    "mbart": ("hf:mbart", {}, _ENC_DEC, None),
     "deit": ("hf:deit", {}, dict(_ENC, intermediate_size=128, image_size=32, patch_size=8),
              None),
     "tv_resnet50": (_TV, dict(arch="resnet50"), dict(arch="resnet18", image_size=32,
