@@ -41,7 +41,7 @@ if TYPE_CHECKING:                      # pragma: no cover
 
 #: Hugging Face model types with a stage adapter in :mod:`engine.hf_arch` (the keys of its
 #: ``ARCHITECTURES``; ``tests/test_engine_generic.py`` checks they agree).
-ADAPTED_HF = ("gpt2", "llama", "mistral", "qwen2")
+ADAPTED_HF = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
 RUNTIMES = ("uniform", "per_op", "generic")
 
 

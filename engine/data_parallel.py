@@ -42,23 +42,28 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
 def apply_dp(chunk: nn.Module, dp_mesh: DeviceMesh, *, zero: int, pipelined: bool,
-             mp_policy: MixedPrecisionPolicy, blocks: list[nn.Module] | None = None) -> None:
+             mp_policy: MixedPrecisionPolicy, blocks: list[nn.Module] | None = None,
+             ignored_params: set[nn.Parameter] | None = None) -> None:
     """Wrap each block, then the chunk root, for ZeRO stage ``zero`` (see module table).
-    ``blocks`` default to ``chunk.blocks`` (the built-in chunks), none without it."""
+    ``blocks`` default to ``chunk.blocks`` (the built-in chunks), none without it.
+    ``ignored_params`` (expert weights under expert parallelism) stay out of the wrappers:
+    their gradients are reduced over their own group (:mod:`engine.expert_parallel`)."""
     if blocks is None:
         blocks = list(chunk.blocks.values()) if hasattr(chunk, "blocks") else []
+    ignored = {"ignored_params": set(ignored_params)} if ignored_params else {}
     if zero == 0:
         for block in blocks:
-            replicate(block, mesh=dp_mesh, mp_policy=mp_policy)
-        replicate(chunk, mesh=dp_mesh, mp_policy=mp_policy)
+            replicate(block, mesh=dp_mesh, mp_policy=mp_policy, **ignored)
+        replicate(chunk, mesh=dp_mesh, mp_policy=mp_policy, **ignored)
         return
     for block in blocks:
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=mp_policy)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=mp_policy,
+                    **ignored)
     # The root's parameters (embeddings / head) are used first and last in a non-pipelined
     # step, so resharding them after forward would only re-gather them at once; in a
     # pipeline the stage's backward comes much later.
     fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=zero == 3 and pipelined,
-                mp_policy=mp_policy)
+                mp_policy=mp_policy, **ignored)
 
 
 def set_microbatch(chunk: nn.Module, *, zero: int, last: bool) -> None:

@@ -32,6 +32,9 @@ model types                adapter                        tensor / sequence para
 ``gpt2``                   :class:`GPT2Adapter`           no: q, k, v fused in one Conv1D
 ``llama``, ``mistral``,    :class:`RotaryDecoderAdapter`  yes: separate q/k/v/o and
 ``qwen2``                                                 gate/up/down ``nn.Linear``
+``mixtral``                :class:`RotaryDecoderAdapter`  no: experts are 3-D tensors (expert
+                                                          parallelism instead:
+                                                          :mod:`engine.expert_parallel`)
 =========================  =============================  ==================================
 """
 
@@ -264,12 +267,26 @@ _ROTARY = RotaryDecoderAdapter(
     padded_embedding="model.embed_tokens",
 )
 
+#: Mixtral: Mistral's blocks with a mixture of experts for the MLP (capacity routing,
+#: :mod:`autoplan.models.moe`).
+_MIXTRAL = RotaryDecoderAdapter(
+    blocks="model.layers",
+    pre=("model.embed_tokens",),
+    post=("model.norm", "lm_head"),
+    shared=("model.rotary_emb",),
+    embeddings=("model.embed_tokens",),
+    no_tp_reason="its experts are 3-D weight tensors, which the tensor-parallel styles do "
+                 "not shard; split them over ranks with expert parallelism (ep) instead",
+    padded_embedding="model.embed_tokens",
+)
+
 #: model_type -> adapter: the Hugging Face architectures the engine runs.
 ARCHITECTURES: Mapping[str, HFAdapter] = MappingProxyType({
     "gpt2": _GPT2,
     "llama": _ROTARY,
     "mistral": _ROTARY,
     "qwen2": _ROTARY,
+    "mixtral": _MIXTRAL,
 })
 
 

@@ -5,6 +5,10 @@ For each plan stage this rank runs (one, or ``virtual_stages`` chunks under inte
 1. **Build on meta** — the whole model on the meta device, other stages' modules removed
    (:func:`engine.model.build_chunk`; FQNs unchanged, no memory). A Hugging Face model's
    chunk runs its architecture's stage adapter (:mod:`engine.hf_stage`).
+1b. **Expert / context parallelism** — expert weights sharded ``Shard(0)`` over the
+   expert-parallel mesh, attention all-gathering keys and values over the context-parallel
+   one (:mod:`engine.expert_parallel`). First of all: the expert weights must be DTensors
+   before the data-parallel wrappers leave them out.
 2. **Tensor + sequence parallelism** — ``parallelize_module`` on the ``tp`` mesh with styles
    derived from ``plan.param_placements[fqn]["tp"]`` (:mod:`engine.tensor_parallel`). First,
    because the later wrappers must see DTensor parameters and unchanged FQNs.
@@ -39,6 +43,7 @@ from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan
 from engine import model as model_lib
 from engine.data_parallel import apply_dp, mp_policy_for
+from engine.expert_parallel import apply_cp, apply_ep, expert_params
 from engine.mesh import ParallelMesh
 from engine.tensor_parallel import apply_tp
 
@@ -86,16 +91,21 @@ def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: Paralle
     chunk = model_lib.build_chunk(spec, stage.layer_names)                          # 1
     if precision.params != torch.float32:
         chunk.to(dtype=precision.params)
+    if p.ep > 1:                                                                    # 1b
+        apply_ep(chunk, pm)
+    if p.cp > 1:
+        apply_cp(chunk, pm, plan.seq_len or model_lib.model_info(spec).max_seq_len)
     if p.tp > 1:                                                                    # 2
         apply_tp(chunk, pm.tp_mesh, plan.param_placements,
                  sequence_parallel=p.sequence_parallel)
         if p.sequence_parallel and hasattr(chunk, "sequence_shards"):
             chunk.sequence_shards = p.tp       # stages receive (b, s/tp, h)
     apply_checkpointing(chunk, stage.checkpoint_layers)                             # 3
-    if p.dp > 1:                                                                    # 4
+    if p.dp * p.cp > 1:                                                             # 4
         apply_dp(chunk, pm.dp_mesh, zero=p.zero, pipelined=p.pp > 1,
                  mp_policy=mp_policy_for(precision.params, precision.compute,
-                                         precision.reduce))
+                                         precision.reduce),
+                 ignored_params=set(expert_params(chunk)))
     model_lib.materialize(chunk, model_lib.initializer(spec), pm.device, seed)      # 5
     if precision.autocast:
         # Forward only (the loss included): backward then runs in the dtypes autocast chose,

@@ -117,17 +117,17 @@ def make_trainer(plan: Plan, spec: ModelSpec, cfg: RunConfig, device: torch.devi
 def check_all(plan: Plan, source: str, *, world_size: int,
               local_world_size: int | None = None) -> ModelSpec:
     """Every pre-collective check, cheapest first."""
-    if plan.parallel.ep > 1 or plan.parallel.cp > 1:
-        raise PlanError(f"plan {source}: field 'parallel' asks for expert (ep = "
-                        f"{plan.parallel.ep}) or context (cp = {plan.parallel.cp}) "
-                        "parallelism, which the engine does not run from a plan yet (the "
-                        "built-in GPT's layers support both: autoplan.models.moe, "
-                        "autoplan.models.context_parallel); export it to Megatron-LM or "
-                        "torchtitan, or plan with --ep 1 --cp 1")
     from engine.validate import check_device, check_model, check_world
 
     check_world(plan, source, world_size=world_size, local_world_size=local_world_size)
     check_device(plan, source, local_world_size=local_world_size)
     spec = check_model(plan, source)
-    select(plan, spec).check(plan, spec, source)
+    runtime = select(plan, spec)
+    p = plan.parallel
+    if (p.ep > 1 or p.cp > 1) and runtime.name != "uniform":
+        raise PlanError(f"plan {source}: field 'parallel' asks for expert (ep = {p.ep}) or "
+                        f"context (cp = {p.cp}) parallelism, which the engine runs in its "
+                        f"uniform runtime only, not the {runtime.name} one this plan needs "
+                        "(plan it with --planner uniform)")
+    runtime.check(plan, spec, source)
     return spec

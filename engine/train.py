@@ -7,6 +7,9 @@ One step (``t`` counted from 1 across resumes):
 3. forward/backward over ``num_micro_batches`` micro-batches — by the pipeline schedule when
    ``pp > 1``, else a plain accumulation loop with the ZeRO switches of
    :func:`engine.data_parallel.set_microbatch`; gradients are those of the mean loss;
+   (expert weights under expert parallelism: reduced over their own group,
+   :func:`engine.expert_parallel.reduce_expert_grads`; context parallelism: each rank takes
+   its chunks of every sequence, :func:`engine.expert_parallel.shard_batch`);
 4. ``AdamW.step`` (one optimizer per chunk, over its sharded DTensor parameters);
 5. the loss, averaged over the ranks that computed one (the last stage) by one all-reduce —
    which also lines the ranks up, so the step time is the slowest rank's.
@@ -38,6 +41,7 @@ from engine.checkpoint import Checkpointer
 from engine.config import RunConfig
 from engine.data import local_batch, make_source
 from engine.data_parallel import set_microbatch
+from engine.expert_parallel import reduce_expert_grads, shard_batch
 from engine.mesh import ParallelMesh
 from engine.metrics import (MemoryProbe, MetricsWriter, StepRecord, flops_per_token,
                             format_table, peak_flops, summarize, truncate_metrics)
@@ -116,6 +120,8 @@ class Trainer:
             for group in opt.param_groups:
                 group["lr"] = lr
         local = self._forward_backward(step)
+        if self.pm.ep > 1:
+            reduce_expert_grads(self.chunks, self.pm)
         for opt in self.optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -127,8 +133,9 @@ class Trainer:
         """Every micro-batch of step ``step``, gradients ready for the optimizers; returns
         this rank's mean loss (zero where it computes none)."""
         p = self.plan.parallel
-        inputs, targets = local_batch(self.data, step, dp=self.pm.dp, dp_rank=self.pm.dp_rank,
-                                      device=self.pm.device)
+        inputs, targets = shard_batch(*local_batch(self.data, step, dp=self.pm.dp,
+                                                   dp_rank=self.pm.dp_rank,
+                                                   device=self.pm.device), self.pm)
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
             args = (inputs,) if has_first_stage(self.pm) else ()

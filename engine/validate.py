@@ -79,15 +79,19 @@ def check_model(plan: Plan, source: str) -> ModelSpec:
 
 
 def check_standard_mesh(plan: Plan, source: str) -> None:
-    """The plan's mesh is the standard ``(pp, dp, tp)`` one and every stage sits on its
-    pipeline rank's ``(dp, tp)`` submesh (:mod:`engine.mesh`)."""
+    """The plan's mesh is the standard ``(pp, dp, tp)`` one — ``(pp, dp, cp, tp)`` with
+    context parallelism — and every stage sits on its pipeline rank's submesh
+    (:mod:`engine.mesh`)."""
     p = plan.parallel
-    if tuple(plan.mesh.axis_names) != ("pp", "dp", "tp"):
-        raise PlanError(f"plan {source}: field 'mesh.axis_names' must be ['pp', 'dp', 'tp'], "
+    axes, shape = ("pp", "dp", "tp"), (p.pp, p.dp, p.tp)
+    if p.cp > 1:
+        axes, shape = ("pp", "dp", "cp", "tp"), (p.pp, p.dp, p.cp, p.tp)
+    if tuple(plan.mesh.axis_names) != axes:
+        raise PlanError(f"plan {source}: field 'mesh.axis_names' must be {list(axes)}, "
                         f"got {list(plan.mesh.axis_names)}")
-    if tuple(plan.mesh.shape) != (p.pp, p.dp, p.tp):
+    if tuple(plan.mesh.shape) != shape:
         raise PlanError(f"plan {source}: field 'mesh.shape' {list(plan.mesh.shape)} != "
-                        f"[pp, dp, tp] = {[p.pp, p.dp, p.tp]}")
+                        f"{list(axes)} = {list(shape)}")
     for st in plan.stages:
         pr = st.index % p.pp
         want = stage_ranks(p, pr)
@@ -95,10 +99,44 @@ def check_standard_mesh(plan: Plan, source: str) -> None:
             raise PlanError(f"plan {source}: field 'stages[{st.index}].ranks' is "
                             f"{list(st.ranks)}; the engine runs stage {st.index} on pipeline "
                             f"rank {pr} = ranks {list(want)}")
-        if tuple(st.mesh_shape) != (p.dp, p.tp):
+        if tuple(st.mesh_shape) != shape[1:]:
             raise PlanError(f"plan {source}: field 'stages[{st.index}].mesh_shape' is "
                             f"{list(st.mesh_shape)}; the engine needs every stage on a "
-                            f"(dp, tp) = {[p.dp, p.tp]} submesh")
+                            f"{tuple(axes[1:])} = {list(shape[1:])} submesh")
+
+
+def check_expert_context(plan: Plan, spec: ModelSpec, source: str) -> None:
+    """What the engine runs of expert and context parallelism (:mod:`engine.expert_parallel`):
+    EP over a model's mixture-of-experts layers whose expert counts it divides, without
+    tensor parallelism; CP for the built-in GPT, at a sequence length ``2 · cp`` divides
+    (load-balanced chunks, :mod:`autoplan.models.context_parallel`)."""
+    p = plan.parallel
+    if p.ep > 1:
+        from autoplan.models.moe import expert_layers
+        from autoplan.models.registry import build_model
+
+        counts = sorted({layer.experts for layer in
+                         expert_layers(build_model(spec, device="meta"))})
+        if not counts:
+            raise PlanError(f"plan {source}: field 'parallel.ep' is {p.ep} but model "
+                            f"{spec.name!r} has no mixture-of-experts layers")
+        bad = [e for e in counts if e % p.ep]
+        if bad:
+            raise PlanError(f"plan {source}: field 'parallel.ep': {p.ep} does not divide the "
+                            f"model's {bad[0]} experts")
+        if p.tp > 1:
+            raise PlanError(f"plan {source}: field 'parallel.tp': the engine runs expert "
+                            f"parallelism (ep = {p.ep}) with tp = 1, got tp = {p.tp}")
+    if p.cp > 1:
+        if spec.source != "builtin" or spec.name != "gpt":
+            raise PlanError(f"plan {source}: field 'parallel.cp': the engine runs context "
+                            f"parallelism for the built-in GPT family, not {spec.source}:"
+                            f"{spec.name}")
+        seq = plan.seq_len or model_lib.model_info(spec).max_seq_len
+        if seq % (2 * p.cp):
+            raise PlanError(f"plan {source}: field 'seq_len': context parallelism cuts each "
+                            f"sequence into 2 x cp = {2 * p.cp} equal chunks; {seq} does "
+                            "not divide")
 
 
 def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
@@ -107,6 +145,7 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
     p = plan.parallel
     model_lib.check_supported(spec)
     check_standard_mesh(plan, source)
+    check_expert_context(plan, spec, source)
     names = [n for st in plan.stages for n in st.layer_names]
     if len(names) != len(set(names)):
         raise PlanError(f"plan {source}: field 'stages': a layer appears in two stages")

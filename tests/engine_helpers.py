@@ -68,7 +68,7 @@ def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool 
               num_micro_batches: int = 1, seq_len: int = 32, model: dict | None = None,
               checkpoint: bool = False, precision: dict | None = None,
               prediction: Prediction | None = None, device_type: str = "cpu",
-              spec: ModelSpec | None = None) -> Plan:
+              spec: ModelSpec | None = None, ep: int = 1, cp: int = 1) -> Plan:
     """A plan from the planner's own builder (``autoplan.planner.build.build_plan``) over the
     tracer's graph: the engine is tested on what the planner writes. The model is the
     built-in GPT of config ``model`` (default ``TINY``), or ``spec`` (e.g. a Hugging Face
@@ -78,7 +78,7 @@ def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool 
                               micro_batch=global_batch // (dp * num_micro_batches),
                               num_micro_batches=num_micro_batches, schedule=schedule,
                               virtual_stages=virtual_stages,
-                              checkpoint="full" if checkpoint else "none")
+                              checkpoint="full" if checkpoint else "none", ep=ep, cp=cp)
     graph = _graph(json.dumps(spec.to_dict(), sort_keys=True), seq_len)
     plan = build_plan(graph, spec, CLUSTER if device_type == "cpu" else CLUSTER_GPU, parallel,
                       global_batch=global_batch, seq_len=seq_len,

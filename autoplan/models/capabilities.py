@@ -112,7 +112,9 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
 
 #: Hugging Face stage adapters (engine.hf_arch) that cannot shard heads, and why.
 _HF_NO_TP = {"gpt2": "GPT-2 projects q, k and v with one fused Conv1D (c_attn) whose output "
-                     "is split at fixed offsets, so a column shard mixes heads of q, k and v"}
+                     "is split at fixed offsets, so a column shard mixes heads of q, k and v",
+            "mixtral": "its experts are 3-D weight tensors, which the tensor-parallel styles "
+                       "do not shard; split them over ranks with expert parallelism instead"}
 
 
 def _hf_tp_divisors(model_type: str, config) -> tuple[tuple[str, int], ...]:

@@ -34,6 +34,7 @@ keeps a 2·b·s² byte attention bias — small next to the 5·a·s/h·sbh of ea
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,9 @@ _ARCH_SUFFIX = (("ForCausalLM", "causal-lm"), ("LMHeadModel", "causal-lm"),
 #: LLaMA-1's pre-training context (Brown et al. 2020, table 2.1; Touvron et al. 2023, 2.2),
 #: capped by the model's own maximum.
 TRAIN_SEQ_LEN = 2048
-_SPEC_ONLY = ("attn_implementation", "task")       # spec keys that are not config fields
+#: spec keys that are not config fields (``capacity_factor``: a mixture of experts' token
+#: slots per expert, :func:`autoplan.models.moe.capacity`; default 1)
+_SPEC_ONLY = ("attn_implementation", "task", "capacity_factor")
 
 
 def _mapping(transformers, task: str):
@@ -244,11 +247,13 @@ def _model_class(config, task: str):
 def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
     """A spec for a model type (default config + overrides) or a local config.json.
 
-    Two keys are autoplan's, not the config's: ``task`` (:data:`TASKS`; default from the
-    config's ``architectures`` or the model type, :func:`_task_of`) and
+    Three keys are autoplan's, not the config's: ``task`` (:data:`TASKS`; default from the
+    config's ``architectures`` or the model type, :func:`_task_of`),
     ``attn_implementation`` ("sdpa" or "eager"; default "sdpa" where the model class
-    supports it, else "eager": BLOOM, Gemma-2)."""
+    supports it, else "eager": BLOOM, Gemma-2) and, for a mixture of experts,
+    ``capacity_factor`` (default 1: :mod:`autoplan.models.moe`)."""
     attn = overrides.pop("attn_implementation", None)
+    capacity_factor = overrides.pop("capacity_factor", None)
     explicit_task = overrides.pop("task", None)
     if attn is not None and attn not in _ATTN:
         raise ConfigError(f"attn_implementation must be one of {list(_ATTN)}, got {attn!r}",
@@ -289,7 +294,25 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
         raise ConfigError(f"{model_type}'s transformers class does not support "
                           "attn_implementation='sdpa'; use 'eager'",
                           source=source, field="model.config.attn_implementation")
-    return ModelSpec("hf", model_type, {**diff, "attn_implementation": attn, "task": task})
+    extra = {}
+    if capacity_factor is not None:
+        extra["capacity_factor"] = _capacity_factor(capacity_factor, config)
+    return ModelSpec("hf", model_type, {**diff, "attn_implementation": attn, "task": task,
+                                        **extra})
+
+
+def _capacity_factor(value: Any, config) -> float:
+    """``capacity_factor`` of a mixture-of-experts spec: a positive finite number."""
+    from autoplan.models.moe import hf_routing
+
+    if hf_routing(config) is None:
+        raise ConfigError(f"{config.model_type} is not a mixture of experts",
+                          field="model.config.capacity_factor")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"must be a positive number, got {value!r}",
+                          field="model.config.capacity_factor")
+    return float(value)
 
 
 def task_of(spec: ModelSpec) -> str:
@@ -303,7 +326,9 @@ def hf_config(spec: ModelSpec):
     config = _config(spec.name, values)
     if task_of(spec) == "causal-lm":
         config.loss_type = "ForCausalLM"
-    use_capacity_experts(config)          # MoE: routing with static shapes (models/moe.py)
+    factor = spec.config.get("capacity_factor")
+    # MoE: routing with static shapes (models/moe.py)
+    use_capacity_experts(config, 1.0 if factor is None else _capacity_factor(factor, config))
     return config
 
 

@@ -45,6 +45,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HF_IMPLEMENTATION = "autoplan_capacity"
+#: Attribute of a transformers experts module holding its expert-parallel process group
+#: (set by the engine, :func:`set_ep_group`; absent: no expert parallelism).
+EP_GROUP_ATTR = "autoplan_ep_group"
 
 
 def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
@@ -74,6 +77,13 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, transposed
     return y if b is None else y + b.unsqueeze(1)
 
 
+def _local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A DTensor's local shard (differentiable), anything else unchanged."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _exchange(x: torch.Tensor, group) -> torch.Tensor:
     """All-to-all of ``x`` along dim 0 over ``group`` (differentiable: its backward is the
     reverse all-to-all)."""
@@ -96,7 +106,10 @@ def capacity_forward(hidden: torch.Tensor, top_k_index: torch.Tensor,
     (expert block ``j`` to rank ``j``), the local experts run on the ``ep · C`` slots every
     rank sent them, and a second all-to-all brings the outputs home (*dispatch* and
     *combine*: each moves ``k · C_f · T · h`` elements per rank and direction, the same
-    again in backward)."""
+    again in backward). The expert weights may be DTensors sharded ``Shard(0)`` over the
+    expert-parallel mesh (the engine's, :mod:`engine.expert_parallel`): their local shards
+    are used."""
+    up, down, up_bias, down_bias = map(_local, (up, down, up_bias, down_bias))
     tokens, h = hidden.shape
     k = top_k_index.shape[-1]
     cap = capacity(tokens, experts, k, capacity_factor)
@@ -134,7 +147,8 @@ def _hf_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
         down_bias=self.down_proj_bias if bias else None,
         apply_gate=self._apply_gate if gated else self.act_fn,
         transposed=getattr(self, "is_transposed", False),
-        post=self.post_expert_norm if getattr(self, "has_post_expert_norm", False) else None)
+        post=self.post_expert_norm if getattr(self, "has_post_expert_norm", False) else None,
+        ep_group=getattr(self, EP_GROUP_ATTR, None))
 
 
 _HF_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -228,6 +242,16 @@ class MoE(nn.Module):
             s = self.shared
             y = y + s["down"](F.silu(s["gate"](flat)) * s["up"](flat))
         return y.view(shape)
+
+
+def set_ep_group(module: nn.Module, group) -> None:
+    """Run an experts module (:class:`MoE` or a transformers one) expert-parallel over
+    ``group``: its expert weights then hold this rank's ``E / ep`` experts (the caller
+    shards them) and tokens travel by all-to-all (:func:`capacity_forward`)."""
+    if isinstance(module, MoE):
+        module.ep_group = group
+    else:
+        setattr(module, EP_GROUP_ATTR, group)
 
 
 def _routing_of(module: nn.Module) -> tuple[int, int] | None:
