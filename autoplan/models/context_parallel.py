@@ -66,9 +66,9 @@ class ContextParallel:
     def gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         """All-gather ``t`` along ``dim`` over the group (rank order); its backward
         reduce-scatters the gradient."""
-        from torch.distributed._functional_collectives import all_gather_tensor_autograd
+        from torch.distributed._functional_collectives import all_gather_single_autograd
 
-        return all_gather_tensor_autograd(t.contiguous(), dim, self.group)
+        return all_gather_single_autograd(t.contiguous(), dim, self.group)
 
     def causal_mask(self, device=None) -> torch.Tensor:
         """(local queries, all keys) boolean mask: a query sees keys at or before it."""
