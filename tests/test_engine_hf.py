@@ -60,6 +60,7 @@ ADAPTER_SPECS = {
     "llama": resolve("hf:llama", **_ROTARY),
     "mistral": resolve("hf:mistral", **_ROTARY, sliding_window=8),
     "qwen2": SPECS["qwen2"],
+    "mixtral": resolve("hf:mixtral", **_ROTARY, num_local_experts=4, num_experts_per_tok=2),
 }
 
 WORLD2 = {

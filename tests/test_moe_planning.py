@@ -110,3 +110,48 @@ def test_exports_express_ep_and_cp_where_the_target_can(long):
     assert "context_parallel_degree = 2" in toml and "expert_parallel_degree = 4" in toml
     with pytest.raises(NotExpressibleError, match="ep = 4, cp = 2"):
         to_deepspeed(z3)
+
+
+def _prelaunch(plan: Plan, source: str, monkeypatch, local_world_size: int) -> None:
+    """Every check ``engine.run`` makes before its first collective, except that the plan's
+    devices exist here (a GPU plan checked on a CPU machine)."""
+    import engine.validate
+    from engine.preflight import check_plan_common
+    from engine.runtime import check_all
+
+    monkeypatch.setattr(engine.validate, "check_device", lambda *a, **k: None)
+    spec = check_all(plan, source, world_size=plan.world_size,
+                     local_world_size=local_world_size)
+    check_plan_common(plan, spec, source)
+
+
+@pytest.mark.slow
+def test_mixtral_8x7b_on_64_h100_gets_expert_parallelism_the_engine_accepts(
+        tmp_path, monkeypatch):
+    """``autoplan plan`` (the default planner) of Mixtral-8x7B on 8 DGX H100 nodes: expert
+    parallelism, and a plan that passes the engine's pre-launch checks."""
+    from autoplan.cli import main
+
+    out = tmp_path / "mixtral.json"
+    assert main(["plan", "mixtral-8x7b", "--cluster", "dgx-h100", "--nodes", "8",
+                 "--global-batch", "512", "-o", str(out)]) == 0
+    plan = Plan.load(out)
+    assert plan.world_size == 64 and plan.parallel.ep > 1 and plan.parallel.tp == 1
+    _prelaunch(plan, str(out), monkeypatch, local_world_size=8)
+
+
+def test_default_planner_keeps_the_grids_expert_parallel_plan(tmp_path, monkeypatch):
+    """The search runs (a GPT-style MoE: the per-op runtime's model) but does not express
+    EP; its never-slower guard keeps the grid's faster EP plan, which the engine runs
+    (tests/test_engine_moe.py runs such plans)."""
+    from autoplan.api import optimize
+    from autoplan.models.registry import resolve
+
+    spec = resolve("gpt", vocab_size=256, seq_len=64, hidden=64, layers=2, heads=4,
+                   experts=4, top_k=2, capacity_factor=2.0)
+    plan = optimize(spec, "local-cpu", global_batch=8)
+    assert plan.parallel.ep > 1
+    assert "search" in plan.planner and plan.planner["name"] == "uniform"
+    assert plan.prediction.step_time_s < plan.planner["search_step_time_s"]
+    path = plan.save(tmp_path / "moe.json")
+    _prelaunch(plan, str(path), monkeypatch, local_world_size=4)

@@ -84,6 +84,8 @@ SMALL: dict[str, str | tuple[None, str]] = {
         "autoplan estimate llama3-405b-128k --layers 4 --set seq_len=16384 --seq-len 16384 "
         "--cluster dgx-h100 --nodes 4 --global-batch 2 --tp 8 --pp 2 --cp 2 --sp --zero 1 "
         "--schedule interleaved_1f1b --virtual-stages 2 --no-compare",
+    "autoplan run moe.json --steps 20": "autoplan run moe.json --steps 3",
+    "autoplan run long.json --steps 20": "autoplan run long.json --steps 3",
     **{f"python benchmarks/{name}.py": (None, "minutes each, and it rewrites the checkout's "
                                               "benchmarks/results/; run by hand")
        for name in ("megatron_sc21", "plan_speed", "engine_overhead", "solver_scaling",
