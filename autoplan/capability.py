@@ -8,7 +8,8 @@ Runtimes:
 
 * ``uniform`` — the Megatron-style runtime of :mod:`engine.parallelize`: the built-in GPT and
   the Hugging Face causal LMs with a stage adapter (:data:`ADAPTED_HF`); tensor and sequence
-  parallelism, pipelines of any schedule, ZeRO 0-3.
+  parallelism, pipelines of any schedule, ZeRO 0-3; the only runtime for expert (``ep``) and
+  context (``cp``) parallelism (:mod:`engine.expert_parallel`).
 * ``per_op`` — :mod:`engine.staged`, for search plans of the built-in GPT whose placements
   the uniform layout cannot express (chosen by the engine, :func:`engine.staged.runs_per_op`).
 * ``generic`` — :mod:`engine.generic`, every other model: any Hugging Face architecture or
@@ -41,7 +42,7 @@ if TYPE_CHECKING:                      # pragma: no cover
 
 #: Hugging Face model types with a stage adapter in :mod:`engine.hf_arch` (the keys of its
 #: ``ARCHITECTURES``; ``tests/test_engine_generic.py`` checks they agree).
-ADAPTED_HF = ("gpt2", "llama", "mistral", "qwen2", "mixtral")
+ADAPTED_HF = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen3_moe")
 RUNTIMES = ("uniform", "per_op", "generic")
 
 

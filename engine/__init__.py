@@ -8,7 +8,8 @@ group, DeviceMesh), ``validate`` (pre-collective checks), ``data``, ``train`` (t
 
 * uniform — Megatron-style, for the built-in GPT and the Hugging Face causal LMs with a stage
   adapter: ``parallelize`` (the fixed order), ``model`` / ``hf_stage`` / ``hf_arch`` (stage
-  chunks), ``tensor_parallel``, ``data_parallel`` (the ZeRO mapping), ``pipeline``;
+  chunks), ``tensor_parallel``, ``data_parallel`` (the ZeRO mapping), ``pipeline``,
+  ``expert_parallel`` (expert and context parallelism);
 * per-op — search plans on stage submeshes of any shape: ``staged``, ``placements``,
   ``zero``, ``transfer``;
 * generic — any other model from the plan's placements alone: ``generic``,

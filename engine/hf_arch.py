@@ -32,7 +32,7 @@ model types                adapter                        tensor / sequence para
 ``gpt2``                   :class:`GPT2Adapter`           no: q, k, v fused in one Conv1D
 ``llama``, ``mistral``,    :class:`RotaryDecoderAdapter`  yes: separate q/k/v/o and
 ``qwen2``                                                 gate/up/down ``nn.Linear``
-``mixtral``                :class:`RotaryDecoderAdapter`  no: experts are 3-D tensors (expert
+``mixtral``, ``qwen3_moe``  :class:`RotaryDecoderAdapter`  no: experts are 3-D tensors (expert
                                                           parallelism instead:
                                                           :mod:`engine.expert_parallel`)
 =========================  =============================  ==================================
@@ -267,9 +267,9 @@ _ROTARY = RotaryDecoderAdapter(
     padded_embedding="model.embed_tokens",
 )
 
-#: Mixtral: Mistral's blocks with a mixture of experts for the MLP (capacity routing,
-#: :mod:`autoplan.models.moe`).
-_MIXTRAL = RotaryDecoderAdapter(
+#: Mixtral and Qwen3-MoE: Mistral's / Qwen3's blocks with a mixture of experts for the MLP
+#: (capacity routing, :mod:`autoplan.models.moe`).
+_ROTARY_MOE = RotaryDecoderAdapter(
     blocks="model.layers",
     pre=("model.embed_tokens",),
     post=("model.norm", "lm_head"),
@@ -286,7 +286,8 @@ ARCHITECTURES: Mapping[str, HFAdapter] = MappingProxyType({
     "llama": _ROTARY,
     "mistral": _ROTARY,
     "qwen2": _ROTARY,
-    "mixtral": _MIXTRAL,
+    "mixtral": _ROTARY_MOE,
+    "qwen3_moe": _ROTARY_MOE,
 })
 
 

@@ -43,8 +43,10 @@ def flops_per_token(*, matmul_params: int, layers: int, attention_width: int,
 
 
 def gpt_matmul_params(cfg: GPTConfig) -> int:
-    """N of the built-in GPT: all parameters but the embedding lookups (a tied head once)."""
-    n = cfg.num_params()
+    """N of the built-in GPT: all parameters but the embedding lookups (a tied head once);
+    of a mixture of experts, the active ones (``top_k`` of the routed experts: the 6 N T
+    rule applied to the parameters a token uses, :mod:`autoplan.models.moe`)."""
+    n = cfg.num_params(active=True)
     n -= cfg.vocab_size * cfg.hidden                      # token embedding lookup
     if cfg.style == "gpt":
         n -= cfg.seq_len * cfg.hidden                     # position embedding lookup

@@ -89,6 +89,7 @@ def model_info(spec: ModelSpec) -> ModelInfo:
                          matmul_params=gpt_matmul_params(cfg), layers=cfg.layers,
                          attention_width=cfg.heads * cfg.head_dim)
     from autoplan.models.hf import default_seq_len, hf_config
+    from autoplan.models.moe import active_params
     from engine.hf_arch import adapter_for
     from engine.hf_stage import tied_embeddings
 
@@ -96,7 +97,7 @@ def model_info(spec: ModelSpec) -> ModelInfo:
     config = hf_config(spec)
     model = build_model(spec, device="meta")
     tied = tied_embeddings(model, adapter)
-    n = sum(p.numel() for p in model.parameters())
+    n = active_params(model)               # a mixture of experts: the experts a token uses
     n -= sum(model.get_submodule(e).weight.numel() for e in adapter.embeddings)
     if tied:
         n += model.get_submodule(adapter.head).weight.numel()

@@ -60,7 +60,12 @@ ADAPTER_SPECS = {
     "llama": resolve("hf:llama", **_ROTARY),
     "mistral": resolve("hf:mistral", **_ROTARY, sliding_window=8),
     "qwen2": SPECS["qwen2"],
-    "mixtral": resolve("hf:mixtral", **_ROTARY, num_local_experts=4, num_experts_per_tok=2),
+    # mixtures of experts: capacity E / k, so no token is dropped (the model's own forward
+    # routes one more token per sequence, which would move a capacity boundary)
+    "mixtral": resolve("hf:mixtral", **_ROTARY, num_local_experts=4, num_experts_per_tok=2,
+                       capacity_factor=2.0),
+    "qwen3_moe": resolve("hf:qwen3_moe", **_ROTARY, num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=32, capacity_factor=2.0),
 }
 
 WORLD2 = {

@@ -32,6 +32,9 @@ built-in ``gpt``         yes     yes     yes         —
 Hugging Face ``llama``,  yes     yes     yes         —
 ``mistral``, ``qwen2``
 Hugging Face ``gpt2``    no      no      yes         fused q/k/v ``Conv1D`` (c_attn)
+Hugging Face MoE:        no      no      yes         3-D expert weights (expert
+``mixtral``,                                         parallelism instead)
+``qwen3_moe``
 any of them with tied    no      no      no          one weight in two places: the
 embeddings                                           head's shard and the embedding's,
                                                      or two pipeline stages
@@ -113,8 +116,10 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
 #: Hugging Face stage adapters (engine.hf_arch) that cannot shard heads, and why.
 _HF_NO_TP = {"gpt2": "GPT-2 projects q, k and v with one fused Conv1D (c_attn) whose output "
                      "is split at fixed offsets, so a column shard mixes heads of q, k and v",
-            "mixtral": "its experts are 3-D weight tensors, which the tensor-parallel styles "
-                       "do not shard; split them over ranks with expert parallelism instead"}
+            **dict.fromkeys(("mixtral", "qwen3_moe"),
+                            "its experts are 3-D weight tensors, which the tensor-parallel "
+                            "styles do not shard; split them over ranks with expert "
+                            "parallelism instead")}
 
 
 def _hf_tp_divisors(model_type: str, config) -> tuple[tuple[str, int], ...]:
