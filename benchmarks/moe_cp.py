@@ -15,6 +15,11 @@ Rows:
   2,048 H100, with the plan chosen.
 * Expert-parallel and context-parallel training on 4 gloo ranks against one process
   (``tests/parallel_worker.py``): the largest relative loss difference over 4 steps, fp32.
+* The same through the engine (full run only): plans from the planner's builder, trained by
+  ``autoplan run``'s path (``engine.launch.run_local``, 8 AdamW steps, fp32) with expert
+  parallelism (a MoE GPT, dp 4 x ep 4; a Hugging Face Mixtral, dp 4 x ep 4, ZeRO-2) and
+  context parallelism (a Llama-style GPT at 256 tokens, dp 2 x cp 2), against the same
+  model's 1-rank plan: the largest relative loss difference over the steps.
 * Llama 3 405B, 131,072-token sequences, on 16,384 H100 with the published layout (CP 16 x
   TP 8 x PP 16 x DP 8, Dubey et al. 2024, Table 4: 380 TFLOP/s per GPU): predicted
   throughput per GPU, and the grid's best plan at that scale.
@@ -93,6 +98,70 @@ def parity(mode: str) -> float | None:
         return max(abs(a - b) / abs(a) for a, b in zip(r["reference"], r["sharded"]))
 
 
+#: engine parity: name -> (model, parallel degrees of the 4-rank plan)
+ENGINE_STEPS = 8
+_MOE = dict(vocab_size=128, seq_len=32, hidden=32, layers=2, heads=4, kv_heads=2,
+            style="llama", ffn_hidden=64, experts=4, top_k=2, shared_experts=1,
+            capacity_factor=2.0)                      # E / k: no token dropped
+_LONG = dict(vocab_size=128, seq_len=256, hidden=32, layers=2, heads=4, kv_heads=2,
+             style="llama", ffn_hidden=64)
+_MIXTRAL = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=64, vocab_size=128,
+                max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
+                bos_token_id=0, eos_token_id=0, capacity_factor=2.0)
+ENGINE_RUNS = {"EP, MoE GPT": ("moe", dict(dp=4, ep=4)),
+               "EP, HF Mixtral": ("mixtral", dict(dp=4, ep=4, zero=2)),
+               "CP, Llama-style, 256 tokens": ("long", dict(dp=2, cp=2))}
+
+
+def _engine_plan(model: str, out: Path, **degrees) -> Path:
+    from autoplan.cluster import load_cluster
+    from autoplan.models.registry import ModelSpec, resolve
+    from autoplan.plan import ParallelConfig
+    from autoplan.planner.build import build_plan
+    from autoplan.trace import trace
+
+    spec, seq, batch = {"moe": (ModelSpec("builtin", "gpt", _MOE), 32, 8),
+                        "mixtral": (resolve("hf:mixtral", **_MIXTRAL), 32, 8),
+                        "long": (ModelSpec("builtin", "gpt", _LONG), 256, 4)}[model]
+    dp = degrees.get("dp", 1)
+    parallel = ParallelConfig(**degrees, micro_batch=batch // dp)
+    plan = build_plan(trace(spec, batch_size=1, seq_len=seq), spec, load_cluster("local-cpu"),
+                      parallel, global_batch=batch, seq_len=seq,
+                      precision={"params": "float32", "compute": "float32",
+                                 "reduce": "float32"})
+    name = f"{model}_" + "_".join(f"{k}{v}" for k, v in degrees.items())
+    return plan.save(out / f"{name}.json")
+
+
+def engine_parity() -> dict:
+    """Largest relative loss difference of each of :data:`ENGINE_RUNS` against one rank."""
+    from engine.launch import run_local
+
+    options = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", str(ENGINE_STEPS),
+               "--memory", "off"]
+
+    def losses(path: Path) -> dict[int, float] | None:
+        rc = run_local(path, steps=ENGINE_STEPS, out_dir=path.with_suffix(""),
+                       extra_args=options)
+        if rc != 0:
+            return None
+        rows = (path.with_suffix("") / "metrics.jsonl").read_text().splitlines()
+        return {r["step"]: r["loss"] for r in map(json.loads, rows)}
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        refs = {}
+        for label, (model, degrees) in ENGINE_RUNS.items():
+            if model not in refs:
+                refs[model] = losses(_engine_plan(model, Path(tmp)))
+            got = losses(_engine_plan(model, Path(tmp), **degrees))
+            ref = refs[model]
+            out[label] = None if got is None or ref is None or got.keys() != ref.keys() \
+                else max(abs(got[k] - ref[k]) / abs(ref[k]) for k in ref)
+    return out
+
+
 def llama3_128k(quick: bool) -> dict:
     from autoplan.api import estimate, prepare
 
@@ -134,6 +203,11 @@ def main() -> int:
         targets.append(target(f"{mode.upper()} loss parity vs one process (4 gloo ranks)",
                               "<= 1e-5", worst, worst is not None and worst <= 1e-5))
     if not args.quick:
+        m["engine_parity"] = engine_parity()
+        for label, worst in m["engine_parity"].items():
+            targets.append(target(f"engine loss parity vs one rank, {label} (autoplan run, "
+                                  "4 gloo ranks)", "<= 1e-5", worst,
+                                  worst is not None and worst <= 1e-5))
         m["planning"] = [planning("mixtral-8x7b", "dgx-h100", 8, 256, 4096),
                          planning("deepseek-v3", "dgx-h100", 256, 4096, 4096)]
         for row in m["planning"]:
