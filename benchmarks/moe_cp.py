@@ -130,7 +130,7 @@ def _engine_plan(model: str, out: Path, **degrees) -> Path:
                       parallel, global_batch=batch, seq_len=seq,
                       precision={"params": "float32", "compute": "float32",
                                  "reduce": "float32"})
-    name = f"{model}_" + "_".join(f"{k}{v}" for k, v in degrees.items())
+    name = f"{model}_" + ("_".join(f"{k}{v}" for k, v in degrees.items()) or "one_rank")
     return plan.save(out / f"{name}.json")
 
 
