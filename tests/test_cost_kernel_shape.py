@@ -157,3 +157,16 @@ def test_fp16_prices_loss_scaling_and_fp32_master_weights():
     mem = plan.prediction.memory           # fp16 weights and grads, fp32 master + Adam: 2/2/12
     assert mem.grads == pytest.approx(mem.params)
     assert mem.optimizer == pytest.approx(6 * mem.params)
+
+
+def test_trace_records_causal_attention():
+    import torch
+
+    from autoplan.models import resolve
+    from autoplan.trace import trace
+
+    graph = trace(resolve("gpt-tiny", attention="sdpa"), batch_size=1, seq_len=64,
+                  dtype=torch.bfloat16)
+    attn = [n for n in graph.nodes.values() if "attention" in n.op]
+    assert attn and all(n.causal for n in attn)
+    assert not any(n.causal for n in graph.nodes.values() if "attention" not in n.op)

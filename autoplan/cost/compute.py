@@ -31,11 +31,14 @@ numbers, never tuned per model:
   86.9% of peak on A100 SXM and 80.3% on H100 SXM (bf16 "maximum achievable matmul FLOPS",
   S. Bekman, ml-engineering, compute/accelerator, torch 2.6-2.7); under sustained load the
   GPU runs below the boost clock its peak assumes (NVIDIA quotes A100 HPL Rpeak at the
-  1305 MHz sustainable at its power limit, not 1410 MHz: 0.93; G. Lockwood, "peak FLOPS").
-  0.869 x 0.93 = 0.808 ampere; 0.803 x 0.93 = 0.747 hopper; volta as ampere (no MAMF
-  figure; a mature, lower-clocked part). Before issue 13 a flat 0.9 stood for "a layer's
-  shapes" (0.70 / 0.65 for every GEMM); the shape factor of the SC'21 layers' GEMMs is
-  0.90-0.97, so their prices moved by 2-4% (``benchmarks/megatron_sc21.py``).
+  1305 MHz sustainable at its power limit, not 1410 MHz: 0.93; G. Lockwood, "peak FLOPS");
+  and inside a training step a GEMM shares the GPU with NCCL's kernels and the element-wise
+  ones (L2, HBM and SM contention; NCCL's channels take ~10% of the SMs,
+  :data:`autoplan.cost.overlap.INTERFERENCE`): 0.9. 0.869 x 0.93 x 0.9 = 0.727 ampere;
+  0.803 x 0.93 x 0.9 = 0.672 hopper; volta as ampere (no MAMF figure; a mature,
+  lower-clocked part). Before issue 13 the 0.9 stood for "a layer's shapes", and every GEMM
+  got 0.70 (ampere) / 0.65 (hopper) whatever its shape; large shards now price within a few
+  per cent of that and small ones (TP-8 shards of small layers, micro-batch 1) lower.
 * ``attention`` -- fused (flash) attention kernels. Where FlashAttention-2 published forward
   + backward throughput by sequence length and head dimension (A100, H100: Dao 2023, arXiv
   2307.08691; :func:`autoplan.cost.kernel_shape.attention_tflops`) the rate is that figure
@@ -202,10 +205,12 @@ class Efficiency:
 
 #: Sustained / boost clock under a training load (module docstring: A100 HPL Rpeak).
 SUSTAINED_CLOCK = 0.93
-#: Best-shape GEMM fraction of peak (MAMF, module docstring) x the sustained clock: the
-#: asymptote the shape factor multiplies.
-_MM = {"ampere": round(0.869 * SUSTAINED_CLOCK, 3), "hopper": round(0.803 * SUSTAINED_CLOCK, 3),
-       "volta": round(0.869 * SUSTAINED_CLOCK, 3)}
+#: A GEMM inside a training step against the same GEMM alone (module docstring).
+IN_STEP = 0.9
+#: Best-shape GEMM fraction of peak (MAMF, module docstring) x the sustained clock x IN_STEP:
+#: the asymptote the shape factor multiplies.
+_MM = {family: round(mamf * SUSTAINED_CLOCK * IN_STEP, 3)
+       for family, mamf in (("ampere", 0.869), ("hopper", 0.803), ("volta", 0.869))}
 _GPU_GENERIC = Efficiency(matmul=0.65, memory=0.80, attention=0.40, fusion=0.5,
                           kernel_overhead_s=3e-6)
 #: Default efficiency per DeviceSpec.family (module docstring has the sources).

@@ -4,27 +4,27 @@ Torch-free; pure functions over sizes. :mod:`autoplan.cost.compute` multiplies a
 asymptotic efficiency by these factors.
 
 **GEMM** (``C[M, N] = A[M, K] B[K, N]``, ``batch`` independent products). cuBLAS splits C
-into output tiles, one thread block each; 256x128 and 128x256 are its most efficient tiles
-for large problems (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001,
-sec. 2.3). Two losses follow from the shape (same guide, ch. 3):
+into output tiles, one thread block each, and picks the tile per shape from a list running
+from 256x128 / 128x256 (most efficient per SM on large problems) through 128x128 to 64x64
+(NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001, sec. 2.3); for the
+mid-sized shapes where the choice matters it trades tile efficiency for more tiles, so the
+model counts tiles of the middle of that list, 128x128. Two losses follow from the shape
+(same guide, ch. 3):
 
-* *wave quantisation* (sec. 3.2): T = batch·M·N / (256·128) tiles run in waves of S tiles
-  (S = streaming multiprocessors, one large tile each); the last wave is partly empty. With
-  the last wave on average half full, T tiles take T/S + 1/2 waves' time for T/S waves' work::
+* *wave quantisation* (sec. 3.2): T = batch·M·N / (128·128) tiles run in waves of S tiles
+  (S = streaming multiprocessors); the last wave is partly empty. With the last wave on
+  average half full, T tiles take T/S + 1/2 waves' time for T/S waves' work::
 
       u_wave(T) = T / (T + S/2)
 
   (smooth and monotone where the exact ceil(T/S) saw-tooth is neither; T << S gives ~2T/S,
-  the fraction of SMs with a tile, within a factor 2; large T gives 1);
-* *depth*: a tile's main loop runs K/k_tile steps; filling the multi-stage software pipeline
-  before the first MMA and writing the tile out after the last are not overlapped with its
-  math. With K0 the K-extent those cost, ``u_depth(K) = K / (K + K0)``. K0 = 192 on every
-  GPU: three 64-deep k-tiles -- the pipeline fill of CUTLASS's 3-stage sm80 GEMM mainloop
-  (stages - 1 = 2 k-tile loads in flight before the first MMA; CUTLASS
-  ``default_gemm_configuration``, 128x256x64, 3 stages) plus the epilogue, whose store of
-  the 256x128 bf16 tile (64 KiB) moves about one k-tile's operands ((256 + 128) x 64 x 2 B =
-  48 KiB). Small K is memory-bound as well; the roofline's bytes term in
-  :mod:`autoplan.cost.compute` prices that separately.
+  within a factor 2 of the fraction of SMs with a tile; large T gives 1);
+* *depth*: a tile's main loop runs K/k_tile steps, and the multi-stage software pipeline
+  is filled before its first MMA without overlapping any math: stages - 1 = 2 k-tiles of
+  64 in CUTLASS's 3-stage sm80 mainloop (``default_gemm_configuration``, 3 stages, k-tile
+  64), so K0 = 128 and ``u_depth(K) = K / (K + K0)``. (The epilogue of one tile overlaps
+  the main loop of the other tile resident on the SM.) Small K is memory-bound as well; the
+  roofline's bytes term in :mod:`autoplan.cost.compute` prices that separately.
 
 So ``factor = u_wave(batch·M·N) · u_depth(K)``; the backward's two GEMMs (data gradient
 ``[M, K] = dC[M, N] B^T``, contraction N; weight gradient ``[K, N] = A^T dC``, contraction M)
@@ -53,10 +53,10 @@ import math
 from types import MappingProxyType
 from typing import Mapping
 
-#: Elements of cuBLAS's large output tile (256 x 128; the guide above, sec. 2.3).
-TILE_ELEMENTS = 256 * 128
+#: Elements of the output tile the model counts (128 x 128; module docstring).
+TILE_ELEMENTS = 128 * 128
 #: K-extent of a tile's unoverlapped pipeline fill (module docstring).
-GEMM_K0 = 192.0
+GEMM_K0 = 128.0
 
 #: Streaming multiprocessors per device family (NVIDIA architecture whitepapers: A100 108,
 #: H100 SXM5 132 (H200 the same die), V100 80). The family stands for the SXM part.
