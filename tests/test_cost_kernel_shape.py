@@ -170,3 +170,24 @@ def test_trace_records_causal_attention():
     attn = [n for n in graph.nodes.values() if "attention" in n.op]
     assert attn and all(n.causal for n in attn)
     assert not any(n.causal for n in graph.nodes.values() if "attention" not in n.op)
+
+
+def test_fused_swiglu_does_not_keep_the_silu_output():
+    import torch
+
+    from autoplan.cost.fused import fuse_saved_activations
+    from autoplan.models import resolve
+    from autoplan.trace import trace
+
+    spec = resolve("llama3-8b", layers=2, hidden=256, heads=8, kv_heads=2, ffn_hidden=832,
+                   vocab_size=512)
+    graph = trace(spec, batch_size=1, seq_len=64, dtype=torch.bfloat16)
+    fused = fuse_saved_activations(graph)
+    silu = [n for n in graph.nodes.values() if n.op.startswith("aten.silu")]
+    assert silu and all(n.saved_bytes == 64 * 832 * 2 for n in silu)     # traced: kept
+    assert all(fused.nodes[n.name].saved_bytes == 0 for n in silu)        # fused: recomputed
+    block = graph.layers[1]
+    dropped = graph.layers[1].stats.saved_bytes - fused.layers[1].stats.saved_bytes
+    kept = sum(fused.nodes[n].saved_bytes for n in block.nodes)
+    assert fused.layers[1].stats.saved_bytes == kept
+    assert dropped >= 64 * 832 * 2
