@@ -25,7 +25,7 @@ numbers, never tuned per model:
 * ``matmul`` -- the asymptotic fraction of the dense tensor peak a large, well-shaped GEMM
   keeps up in a long training run, times the shape factor of each GEMM
   (:func:`autoplan.cost.kernel_shape.gemm_factor`: wave quantisation over the device's SMs
-  and the tile's pipeline fill and epilogue against K, after NVIDIA's "Matrix
+  and the tile's software-pipeline fill against K, after NVIDIA's "Matrix
   Multiplication Background User's Guide"; the shape is one rank's shard after TP, at the
   micro-batch it runs at: :func:`gemm_dims`). The asymptote: the best GEMM shape reaches
   86.9% of peak on A100 SXM and 80.3% on H100 SXM (bf16 "maximum achievable matmul FLOPS",
@@ -34,7 +34,8 @@ numbers, never tuned per model:
   1305 MHz sustainable at its power limit, not 1410 MHz: 0.93; G. Lockwood, "peak FLOPS");
   and inside a training step a GEMM shares the GPU with NCCL's kernels and the element-wise
   ones (L2, HBM and SM contention; NCCL's channels take ~10% of the SMs,
-  :data:`autoplan.cost.overlap.INTERFERENCE`): 0.9. 0.869 x 0.93 x 0.9 = 0.727 ampere;
+  :data:`autoplan.cost.overlap.INTERFERENCE`): 0.9, a modelled figure (the pre-issue-13
+  factor, not separately measured). 0.869 x 0.93 x 0.9 = 0.727 ampere;
   0.803 x 0.93 x 0.9 = 0.672 hopper; volta as ampere (no MAMF figure; a mature,
   lower-clocked part). Before issue 13 the 0.9 stood for "a layer's shapes", and every GEMM
   got 0.70 (ampere) / 0.65 (hopper) whatever its shape; large shards now price within a few
@@ -66,7 +67,8 @@ numbers, never tuned per model:
 Calibration check (not a fit): the Megatron-LM SC'21 GPT runs of published.md, traced as
 Megatron ran them (materialised attention with dropout 0.1, micro-batch 1, full
 recomputation, TP all-reduces and the DP gradient all-reduce from :mod:`autoplan.cost.comm`),
-come out 4-11% above the published 135-142 TFLOP/s per A100 (8-18% traced without dropout).
+come out 6-9% above the published 135-142 TFLOP/s per A100 with the shape factor
+(``benchmarks/megatron_sc21.py``; 9-12% before it).
 Traced with flash attention (``attention="sdpa"``, which SC'21 predates) they come out far
 higher, as a 2021 A100 could not run that graph.
 
