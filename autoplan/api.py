@@ -36,6 +36,8 @@ from autoplan.plan import ParallelConfig, Plan
 from autoplan.planner.build import build_plan
 from autoplan.planner.estimate import Estimator, fits
 from autoplan.planner.uniform import SearchResult, SearchSpace, search_uniform
+from autoplan.precision import default_for
+from autoplan.precision import precision as precision_named
 
 ModelLike = str | ModelSpec
 ClusterLike = str | Cluster
@@ -68,17 +70,41 @@ class Problem:
     cluster: Cluster
     global_batch: int
     seq_len: int | None
-    precision: str                 # "mixed" (bf16 compute, fp32 master) or "fp32"
+    precision: str                 # a name of autoplan.precision: "mixed", "mixed-fp16", "fp32"
     memory_headroom: float = DEFAULT_HEADROOM   # fraction of device memory left free
 
     @property
     def precision_dict(self) -> dict[str, str]:
-        compute = "bfloat16" if self.precision == "mixed" else "float32"
-        return {"params": "float32", "compute": compute, "reduce": "float32"}
+        return precision_named(self.precision).plan_dict()
 
     def estimator(self) -> Estimator:
         return Estimator(self.graph, self.cluster, precision=self.precision,
                          memory_headroom=self.memory_headroom)
+
+
+def check_precision(name: str | None, cluster: Cluster) -> str:
+    """The precision name to plan ``cluster`` in: ``name``, or by default fp32 on CPU, bf16
+    mixed precision on GPUs with bfloat16 and fp16 mixed precision (loss scaling) on GPUs
+    without (V100). Refuses bf16 where the device has no bf16 peak, and fp16 on CPU ranks
+    (gloo and CPU kernels do not train in fp16 with loss scaling)."""
+    device = cluster.device
+    on_cpu = device.name.lower().startswith("cpu")
+    has_bf16 = "bfloat16" in device.peak_tflops
+    if name is None:
+        return default_for(device.name, bf16=has_bf16).name
+    try:
+        prec = precision_named(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc).split(": ", 1)[-1], field="precision") from None
+    if prec.loss_scaling and on_cpu:
+        raise ConfigError(f"{name!r} (fp16 with loss scaling) is for GPUs; the CPU engine "
+                          f"(gloo) trains in fp32 or bf16 only", field="precision")
+    if prec.compute not in device.peak_tflops:
+        hint = " (use 'mixed-fp16': fp16 with loss scaling)" if prec.compute == "bfloat16" \
+            and "float16" in device.peak_tflops else ""
+        raise ConfigError(f"{name!r} computes in {prec.compute}, which device "
+                          f"{device.name!r} has no peak for{hint}", field="precision")
+    return prec.name
 
 
 def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch: int,
@@ -115,10 +141,7 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
-    if precision is None:
-        precision = "fp32" if clus.device.name.lower().startswith("cpu") else "mixed"
-    if precision not in ("mixed", "fp32"):
-        raise ConfigError(f"must be 'mixed' or 'fp32', got {precision!r}", field="precision")
+    precision = check_precision(precision, clus)
     if check_fits:
         from autoplan.planner.bounds import check_states_fit
 
@@ -126,7 +149,7 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     seq = seq_len or default_seq_len(spec)
     import torch
 
-    dtype = torch.bfloat16 if precision == "mixed" else torch.float32
+    dtype = getattr(torch, precision_named(precision).compute)
     graph = _trace_smallest_batch(spec, seq, dtype)
     if not clus.device.name.lower().startswith("cpu"):
         # GPU training runs fused norm and attention kernels: their saved activations

@@ -122,8 +122,10 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--nodes", type=_count(1), help="override the cluster's node count")
     p.add_argument("--global-batch", type=_count(1, MAX_GLOBAL_BATCH), required=required,
                    help="global batch (samples)")
-    p.add_argument("--precision", choices=("mixed", "fp32"),
-                   help="mixed: bf16 compute, fp32 master weights (default on GPUs); fp32")
+    p.add_argument("--precision", choices=("mixed", "mixed-fp16", "fp32"),
+                   help="mixed: bf16 compute, fp32 master weights (default on GPUs with "
+                        "bf16); mixed-fp16: fp16 compute with loss scaling (default on "
+                        "V100); fp32")
     p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
                    help="fraction of device memory a plan leaves free beyond the modelled "
                         "overheads (CUDA context, NCCL buffers, allocator reserve, "

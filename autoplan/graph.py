@@ -77,6 +77,7 @@ class OpNode:
     saved_bytes: int = 0                       # bytes of this op's outputs backward keeps
     saved_is_attention_matrix: bool = False    # a (b, heads, s, s)-shaped saved tensor
     tp_role: TPRole = "replicated"
+    causal: bool = False                       # an attention op called with is_causal=True
 
 
 @dataclass(frozen=True)

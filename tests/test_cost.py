@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autoplan.cluster import load_cluster, load_device
 from autoplan.cost import (CommModel, ComputeModel, Efficiency, Group, activation_bytes,
                            default_efficiency, in_flight_micro_batches, model_state_bytes,
                            op_kind, recompute_peak_bytes)
+from autoplan.cost.kernel_shape import gemm_factor
 from autoplan.errors import UnknownNameError
 from autoplan.graph import BatchSpec, Layer, LayerStats, OpGraph, OpNode, TensorMeta
 
@@ -186,12 +189,16 @@ def test_roofline_matmul_is_compute_bound():
     cm = ComputeModel(a100, "bfloat16")
     eff = default_efficiency(a100)
     n = 4096
-    mm = node("aten.mm.default", flops=2 * n**3, nbytes=3 * n * n * 2)
+    mm = dataclasses.replace(node("aten.mm.default", flops=2 * n**3, nbytes=3 * n * n * 2),
+                             output_meta=[TensorMeta((n, n), "bfloat16")])
     fwd, bwd = cm.op_time(mm)
     assert op_kind(mm) == "matmul"
-    assert fwd == pytest.approx(2 * n**3 / (312e12 * eff.matmul) + eff.kernel_overhead_s)
+    g = gemm_factor(1, n, n, n, eff.sms)          # square: forward and backward alike
+    assert 0.9 < g < 0.95                         # 1024 tiles on 108 SMs, K = 4096
+    assert fwd == pytest.approx(2 * n**3 / (312e12 * eff.matmul * g) + eff.kernel_overhead_s)
     assert 2 * n**3 / (312e12 * eff.matmul) > 3 * n * n * 2 / (2039e9 * eff.memory)
-    assert bwd == pytest.approx(4 * n**3 / (312e12 * eff.matmul) + 2 * eff.kernel_overhead_s)
+    assert bwd == pytest.approx(4 * n**3 / (312e12 * eff.matmul * g)
+                                + 2 * eff.kernel_overhead_s)
 
 
 def test_roofline_pointwise_is_memory_bound():

@@ -66,7 +66,8 @@ def test_temporaries_of_a_traced_graph(llama):
 
 def test_fused_kernels_drop_fp32_norms_and_expanded_kv(llama):
     """Per token and hidden unit, a Llama 3 block traced op by op saves ~56 bytes; with a
-    fused RMSNorm (16-bit input kept) and GQA flash attention (k, v at kv-head size) ~41."""
+    fused RMSNorm (16-bit input kept) and GQA flash attention (k, v at kv-head size) ~41,
+    and with a fused SwiGLU (silu(gate) recomputed: 2 x 14336 / 4096 = 7 fewer) ~34."""
     from autoplan.api import prepare
     from autoplan.models import resolve
 
@@ -76,7 +77,7 @@ def test_fused_kernels_drop_fp32_norms_and_expanded_kv(llama):
     block = [l for l in llama.graph.layers if not l.name.startswith("<")][1]
     traced = [l for l in cpu.graph.layers if not l.name.startswith("<")][1]
     assert traced.stats.saved_bytes / sbh == pytest.approx(56.2, abs=0.5)   # op by op (CPU)
-    assert block.stats.saved_bytes / sbh == pytest.approx(41.2, abs=0.5)    # fused (GPU)
+    assert block.stats.saved_bytes / sbh == pytest.approx(41.2 - 7.0, abs=0.5)  # fused (GPU)
     assert block.stats.saved_bytes_tp < traced.stats.saved_bytes_tp         # expanded kv
     fp32 = [n for n in (llama.graph.nodes[x] for x in block.nodes)
             if n.saved_bytes and n.output_meta[0].dtype == "float32"

@@ -2,12 +2,15 @@
 
 For one traced op (an :class:`~autoplan.graph.OpNode`) running on 1/``shard`` of its work::
 
-    t_fwd = max(F_fwd / (P * e_mm), B_fwd / (W * e_mem)) + t_k        matmul / conv
-    t_fwd = max(F_fwd / (P * e_attn), B_fwd / (W * e_mem)) + t_k      fused attention
+    t_fwd = max(F_fwd / (P * e_mm * g(M, N, K)), B_fwd / (W * e_mem)) + t_k   matmul / conv
+    t_fwd = max(c F_fwd / R_attn(s, d), B_fwd / (W * e_mem)) + t_k             fused attention
     t_fwd = phi * (max(F_fwd / P_vec, B_fwd / (W * e_mem)) + t_k)     everything else
 
-with F the op's FLOPs, B the bytes it reads and writes (scaled from the traced dtype to the
-compute dtype), P the device's dense tensor peak for the compute dtype, P_vec its float32
+with g the GEMM shape factor of the shard (:mod:`autoplan.cost.kernel_shape`; the backward
+gets the factor of its two GEMMs), R_attn the attention kernel's published rate for sequence
+s and head dimension d (or P * e_attn), c = 1/2 for a causal kernel with a published rate
+(it skips the masked half of the traced FLOPs) else 1, F the op's FLOPs, B the bytes it
+reads and writes (scaled from the traced dtype to the compute dtype), P the device's dense tensor peak for the compute dtype, P_vec its float32
 (vector) peak, W its memory bandwidth, t_k a fixed per-kernel cost and phi the fusion factor.
 Backward: F_bwd from the graph; B_bwd = B_fwd * F_bwd / F_fwd for matmuls (two GEMMs, each
 moving about the forward's bytes) and B_bwd = B_fwd for memory-bound ops that get a
@@ -19,21 +22,36 @@ metadata-only ops cost nothing; communication ops belong to :mod:`autoplan.cost.
 Default efficiency constants per device family (:func:`default_efficiency`) -- a few global
 numbers, never tuned per model:
 
-* ``matmul`` -- achieved fraction of the dense tensor peak for GEMMs of transformer-layer
-  shapes in a long training run. Three published factors: the best GEMM shape reaches 86.9%
-  of peak on A100 SXM and 80.3% on H100 SXM (bf16 "maximum achievable matmul FLOPS",
+* ``matmul`` -- the asymptotic fraction of the dense tensor peak a large, well-shaped GEMM
+  keeps up in a long training run, times the shape factor of each GEMM
+  (:func:`autoplan.cost.kernel_shape.gemm_factor`: wave quantisation over the device's SMs
+  and the tile's software-pipeline fill against K, after NVIDIA's "Matrix
+  Multiplication Background User's Guide"; the shape is one rank's shard after TP, at the
+  micro-batch it runs at: :func:`gemm_dims`). The asymptote: the best GEMM shape reaches
+  86.9% of peak on A100 SXM and 80.3% on H100 SXM (bf16 "maximum achievable matmul FLOPS",
   S. Bekman, ml-engineering, compute/accelerator, torch 2.6-2.7); under sustained load the
   GPU runs below the boost clock its peak assumes (NVIDIA quotes A100 HPL Rpeak at the
   1305 MHz sustainable at its power limit, not 1410 MHz: 0.93; G. Lockwood, "peak FLOPS");
-  a layer's actual shapes lose ~10% to the best shape (tile and wave quantisation).
-  0.87 x 0.93 x 0.9 = 0.72 -> ampere 0.70; 0.80 x 0.93 x 0.9 = 0.67 -> hopper 0.65;
-  volta 0.70 (no MAMF figure; a mature, lower-clocked part, taken as A100).
-* ``attention`` -- fused (flash) attention kernels: FlashAttention-2 reaches 50-73% of peak
-  forward on A100 and less backward (Dao 2023, arXiv 2307.08691): ampere 0.50. On H100
-  without Hopper-specific kernels FlashAttention-2 reaches ~35% of peak forward and less
-  backward (FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, sec. 4.1): with the
-  sustained-clock loss (0.93), forward 0.33 of the FLOPs' third and backward ~0.26 of their
-  two thirds make hopper 0.28 overall; volta 0.40 (memory-efficient kernels).
+  and inside a training step a GEMM shares the GPU with NCCL's kernels and the element-wise
+  ones (L2, HBM and SM contention; NCCL's channels take ~10% of the SMs,
+  :data:`autoplan.cost.overlap.INTERFERENCE`): 0.9, a modelled figure (the pre-issue-13
+  factor, not separately measured). 0.869 x 0.93 x 0.9 = 0.727 ampere;
+  0.803 x 0.93 x 0.9 = 0.672 hopper; volta as ampere (no MAMF figure; a mature,
+  lower-clocked part). Before issue 13 the 0.9 stood for "a layer's shapes", and every GEMM
+  got 0.70 (ampere) / 0.65 (hopper) whatever its shape; large shards now price within a few
+  per cent of that and small ones (TP-8 shards of small layers, micro-batch 1) lower.
+* ``attention`` -- fused (flash) attention kernels. Where FlashAttention-2 published forward
+  + backward throughput by sequence length and head dimension (A100, H100: Dao 2023, arXiv
+  2307.08691; :func:`autoplan.cost.kernel_shape.attention_tflops`) the rate is that figure
+  times the sustained-clock factor (``clock``) on the FLOPs the kernel does (half the traced
+  FLOPs under a causal mask, ``OpNode.causal``); the ``attention`` constant is the fallback
+  for other devices and dtypes: ampere 0.50 (FA2, A100, 2k tokens, causal, head dim 128:
+  155 of 312 TFLOP/s), hopper 0.28 (FlashAttention-3, Shah et al. 2024, arXiv 2407.08608,
+  sec. 4.1: FA2 reaches ~35% of H100 peak forward, less backward), volta 0.40
+  (memory-efficient kernels; FlashAttention-2 needs Ampere).
+* ``sms``, ``clock``, ``attention_family`` -- the shape model's SM count
+  (:data:`autoplan.cost.kernel_shape.SMS`), the sustained-clock factor and the key of the
+  published attention table; CPU: none (sms 0: no shape factor).
 * ``memory`` -- fraction of HBM bandwidth element-wise, normalisation and softmax kernels
   reach: stream-like copies reach ~85-90% on A100/H100 (BabelStream); kernels with
   reductions and broadcasting less: 0.80 on every GPU.
@@ -49,7 +67,8 @@ numbers, never tuned per model:
 Calibration check (not a fit): the Megatron-LM SC'21 GPT runs of published.md, traced as
 Megatron ran them (materialised attention with dropout 0.1, micro-batch 1, full
 recomputation, TP all-reduces and the DP gradient all-reduce from :mod:`autoplan.cost.comm`),
-come out 4-11% above the published 135-142 TFLOP/s per A100 (8-18% traced without dropout).
+come out 6-9% above the published 135-142 TFLOP/s per A100 with the shape factor
+(``benchmarks/megatron_sc21.py``; 9-12% before it).
 Traced with flash attention (``attention="sdpa"``, which SC'21 predates) they come out far
 higher, as a 2021 A100 could not run that graph.
 
@@ -63,17 +82,28 @@ can look the op up at the micro-batch it will run at (:mod:`autoplan.cost.profil
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable, Mapping
 
 from autoplan.cluster import DeviceSpec, canonical_dtype
+from autoplan.cost.kernel_shape import (SMS, attention_tflops, gemm_backward_factor,
+                                        gemm_factor)
 from autoplan.graph import DTYPE_BYTES, Layer, OpGraph, OpNode
 
 #: Bytes the optimizer step moves per parameter (mixed-precision Adam: read fp32 master,
 #: m, v and a 2-byte gradient, write master, m, v and the 2-byte parameter copy = 28; fp32
 #: Adam: read p, g, m, v, write p, m, v = 28).
 ADAM_BYTES_PER_PARAM = 28.0
+
+#: Bytes per local parameter of fp16 training's loss-scaling pass before the optimizer step:
+#: the gradients (fp32 after the reduction, R = 4 bytes) are read once to check for inf/NaN
+#: and unscaled in place, read and written (Micikevicius et al. 2018, "Mixed Precision
+#: Training", sec. 3.2: dynamic loss scaling skips the step on overflow; PyTorch's
+#: GradScaler.unscale_ and Megatron's multi_tensor_scale fuse the check and the unscale in
+#: one pass: read 4 + write 4).
+LOSS_SCALE_BYTES_PER_PARAM = 8.0
 
 #: Backward bytes / forward bytes of a memory-bound op (module docstring).
 BWD_MEMORY_RATIO = 1.0
@@ -150,6 +180,9 @@ class Efficiency:
     attention: float | None = None
     fusion: float = 1.0
     kernel_overhead_s: float = 0.0
+    sms: int = 0                   # streaming multiprocessors of the GEMM shape model (0: off)
+    attention_family: str = ""     # key of the published attention table ("": none)
+    clock: float = 1.0             # sustained / boost clock, applied to published kernel rates
 
     def __post_init__(self) -> None:
         for name in ("matmul", "memory", "attention", "fusion"):
@@ -159,6 +192,10 @@ class Efficiency:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not 0 < value <= 1:
                 raise ValueError(f"Efficiency.{name} must be in (0, 1], got {value!r}")
+        if isinstance(self.sms, bool) or not isinstance(self.sms, int) or self.sms < 0:
+            raise ValueError(f"Efficiency.sms must be an integer >= 0, got {self.sms!r}")
+        if not isinstance(self.clock, (int, float)) or not 0 < self.clock <= 1:
+            raise ValueError(f"Efficiency.clock must be in (0, 1], got {self.clock!r}")
         if not isinstance(self.kernel_overhead_s, (int, float)) or self.kernel_overhead_s < 0:
             raise ValueError(f"Efficiency.kernel_overhead_s must be >= 0, "
                              f"got {self.kernel_overhead_s!r}")
@@ -168,16 +205,26 @@ class Efficiency:
         return self.matmul if self.attention is None else self.attention
 
 
+#: Sustained / boost clock under a training load (module docstring: A100 HPL Rpeak).
+SUSTAINED_CLOCK = 0.93
+#: A GEMM inside a training step against the same GEMM alone (module docstring).
+IN_STEP = 0.9
+#: Best-shape GEMM fraction of peak (MAMF, module docstring) x the sustained clock x IN_STEP:
+#: the asymptote the shape factor multiplies.
+_MM = {family: round(mamf * SUSTAINED_CLOCK * IN_STEP, 3)
+       for family, mamf in (("ampere", 0.869), ("hopper", 0.803), ("volta", 0.869))}
 _GPU_GENERIC = Efficiency(matmul=0.65, memory=0.80, attention=0.40, fusion=0.5,
                           kernel_overhead_s=3e-6)
 #: Default efficiency per DeviceSpec.family (module docstring has the sources).
 DEFAULT_EFFICIENCY: Mapping[str, Efficiency] = MappingProxyType({
-    "ampere": Efficiency(matmul=0.70, memory=0.80, attention=0.50, fusion=0.5,
-                         kernel_overhead_s=3e-6),
-    "hopper": Efficiency(matmul=0.65, memory=0.80, attention=0.28, fusion=0.5,
-                         kernel_overhead_s=3e-6),
-    "volta": Efficiency(matmul=0.70, memory=0.80, attention=0.40, fusion=0.5,
-                        kernel_overhead_s=3e-6),
+    "ampere": Efficiency(matmul=_MM["ampere"], memory=0.80, attention=0.50, fusion=0.5,
+                         kernel_overhead_s=3e-6, sms=SMS["ampere"],
+                         attention_family="ampere", clock=SUSTAINED_CLOCK),
+    "hopper": Efficiency(matmul=_MM["hopper"], memory=0.80, attention=0.28, fusion=0.5,
+                         kernel_overhead_s=3e-6, sms=SMS["hopper"],
+                         attention_family="hopper", clock=SUSTAINED_CLOCK),
+    "volta": Efficiency(matmul=_MM["volta"], memory=0.80, attention=0.40, fusion=0.5,
+                        kernel_overhead_s=3e-6, sms=SMS["volta"], clock=SUSTAINED_CLOCK),
     "gpu": _GPU_GENERIC,
     # CPU (quick check on cpu-local: fp32 2048^3 matmul ~55% of the estimated peak; copy
     # ~64 GB/s of the ~60-80 GB/s estimate); eager PyTorch: no fusion, ~10 us per op.
@@ -193,6 +240,44 @@ def default_efficiency(device: DeviceSpec) -> Efficiency:
 
 MeasuredFn = Callable[[OpNode, float], "tuple[float, float] | None"]
 MeasuredAtFn = Callable[[OpNode, OpGraph, int, float], "tuple[float, float] | None"]
+
+
+_BATCHED_GEMMS = frozenset({"bmm", "baddbmm"})
+
+
+def gemm_dims(node: OpNode, tp: float = 1.0,
+              batch_scale: float = 1.0) -> tuple[float, float, float, float] | None:
+    """(batch, M, N, K) of one rank's share of a GEMM-like op (None if the shapes say
+    nothing): N the output's last dimension (a convolution's: its channels), M the rest
+    (``bmm``: the first dimension is the batch), K = FLOPs / (2 batch M N). ``tp`` splits N for a column-parallel op, K for a
+    row-parallel one, the batch (heads) of a ``sharded`` bmm and M otherwise; ``batch_scale``
+    scales M (a bmm's batch)."""
+    out = node.output_meta[0].shape if node.output_meta else ()
+    if len(out) < 1 or node.fwd_flops <= 0:
+        return None
+    base = op_base_name(node.op)
+    # a convolution is a GEMM with N = output channels (dim 1), M = batch x spatial
+    n = float(out[1] if "conv" in base and len(out) >= 3 else out[-1])
+    numel = float(math.prod(out))
+    batch = float(out[0]) if base in _BATCHED_GEMMS and len(out) == 3 else 1.0
+    m = numel / (batch * n) if n > 0 else 0.0
+    if m <= 0 or n <= 0:
+        return None
+    k = node.fwd_flops / (2.0 * batch * m * n)
+    role = node.tp_role
+    if role == "column":
+        n /= tp
+    elif role == "row":
+        k /= tp
+    elif role == "sharded" and batch > 1:
+        batch /= tp
+    else:
+        m /= tp
+    if batch > 1:
+        batch *= batch_scale
+    else:
+        m *= batch_scale
+    return batch, m, n, k
 
 
 class ComputeModel:
@@ -234,12 +319,19 @@ class ComputeModel:
                 and any(_is_float(m.dtype) for m in node.input_meta))
 
     def op_time(self, node: OpNode, shard: float = 1.0) -> tuple[float, float]:
-        """(forward, backward) seconds of ``node`` doing 1/``shard`` of its work."""
+        """(forward, backward) seconds of ``node`` doing 1/``shard`` of its work (a GEMM's
+        shape shrinks along the dimension its ``tp_role`` splits; ``shard`` < 1 is a larger
+        batch)."""
         if shard <= 0:
             raise ValueError(f"shard must be > 0, got {shard}")
+        return self._op_time(node, shard, 1.0) if shard >= 1 else \
+            self._op_time(node, 1, 1.0 / shard)
+
+    def _op_time(self, node: OpNode, tp: float, batch_scale: float) -> tuple[float, float]:
         kind = op_kind(node)
         if kind in ("view", "comm"):
             return 0.0, 0.0
+        shard = tp / batch_scale
         if self.measured is not None:
             hit = self.measured(node, shard)
             if hit is not None:
@@ -249,14 +341,23 @@ class ComputeModel:
         t_k = eff.kernel_overhead_s
         nbytes = (node.bytes_read + node.bytes_written) * self._byte_scale(node) / shard
         f_fwd, f_bwd = node.fwd_flops / shard, node.bwd_flops / shard
+        if kind == "matmul":
+            dims = gemm_dims(node, tp, batch_scale)
+            rate = self.peak * eff.matmul
+            r_fwd = rate * (gemm_factor(*dims, eff.sms) if dims else 1.0)
+            r_bwd = rate * (gemm_backward_factor(*dims, eff.sms) if dims else 1.0)
+            kernels = 2                                    # dgrad + wgrad
+        elif kind == "attention":
+            r_fwd, done = self._attention_rate(node)
+            r_bwd = r_fwd
+            f_fwd, f_bwd = f_fwd * done, f_bwd * done
+            kernels = 1                                    # one fused backward kernel
         if kind in ("matmul", "attention"):
-            rate = self.peak * (eff.matmul if kind == "matmul" else eff.attention_or_matmul)
-            fwd = max(f_fwd / rate, nbytes / bw) + t_k
+            fwd = max(f_fwd / r_fwd, nbytes / bw) + t_k if r_fwd > 0 else nbytes / bw + t_k
             if f_bwd <= 0:
                 return fwd, 0.0
             b_bwd = nbytes * (f_bwd / f_fwd if f_fwd > 0 else 2.0)
-            kernels = 2 if kind == "matmul" else 1        # dgrad + wgrad; one fused kernel
-            return fwd, max(f_bwd / rate, b_bwd / bw) + kernels * t_k
+            return fwd, max(f_bwd / r_bwd, b_bwd / bw) + kernels * t_k
         phi = eff.fusion
         fwd = phi * (max(f_fwd / self.vector_peak, nbytes / bw) + t_k)
         if not self._has_backward(node):
@@ -264,16 +365,30 @@ class ComputeModel:
         bwd = phi * (max(f_bwd / self.vector_peak, BWD_MEMORY_RATIO * nbytes / bw) + t_k)
         return fwd, bwd
 
+    def _attention_rate(self, node: OpNode) -> tuple[float, float]:
+        """(FLOP/s, fraction of the traced FLOPs it applies to) of a fused attention op:
+        FlashAttention-2's published rate for its sequence and head dimension where the
+        device family has one, on the FLOPs the kernel does (half under a causal mask), else
+        ``peak * attention`` on the traced FLOPs (module docstring)."""
+        eff = self.efficiency
+        q = node.input_meta[0].shape if node.input_meta else ()
+        if eff.attention_family and len(q) >= 2 and self.dtype in ("bfloat16", "float16"):
+            causal = bool(getattr(node, "causal", False))
+            tflops = attention_tflops(eff.attention_family, q[-2], q[-1], causal)
+            if tflops is not None:
+                return min(tflops * 1e12 * eff.clock, self.peak), 0.5 if causal else 1.0
+        return self.peak * eff.attention_or_matmul, 1.0
+
     def op_time_at(self, node: OpNode, graph: OpGraph, tp: int = 1,
                    batch_scale: float = 1.0) -> tuple[float, float]:
         """(forward, backward) seconds of ``node`` on one rank of a TP group of ``tp`` that
         splits it, at ``batch_scale`` x the traced micro-batch: ``measured_at`` if it has the
-        op, else :meth:`op_time` with ``shard = tp / batch_scale``."""
+        op, else the model with the GEMM's shape sharded as ``node.tp_role`` says."""
         if self.measured_at is not None and op_kind(node) not in ("view", "comm"):
             hit = self.measured_at(node, graph, tp, batch_scale)
             if hit is not None:
                 return float(hit[0]), float(hit[1])
-        return self.op_time(node, shard=tp / batch_scale)
+        return self._op_time(node, tp, batch_scale)
 
     # ---- one layer -----------------------------------------------------------------------
     def layer_time(self, layer: Layer, graph: OpGraph, *, tp: int = 1,
@@ -307,6 +422,10 @@ class ComputeModel:
     # ---- optimizer -----------------------------------------------------------------------
     def optimizer_time(self, num_params: float,
                        bytes_per_param: float = ADAM_BYTES_PER_PARAM) -> float:
-        """Seconds of an Adam step over ``num_params`` local parameters (memory-bound)."""
+        """Seconds of an Adam step over ``num_params`` local parameters (memory-bound); in
+        fp16 compute with the loss-scaling pass over the gradients before it
+        (:data:`LOSS_SCALE_BYTES_PER_PARAM`)."""
+        if self.dtype == "float16":
+            bytes_per_param = bytes_per_param + LOSS_SCALE_BYTES_PER_PARAM
         return num_params * bytes_per_param / (self.device.memory_bandwidth
                                                * self.efficiency.memory)

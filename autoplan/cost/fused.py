@@ -11,9 +11,16 @@ Engine, torchtitan, FlashAttention):
 * **Grouped-query attention**. Traced, k and v are expanded (``expand`` + ``clone``) to all
   query heads and saved that way; FlashAttention-2/3 take the kv heads as they are (GQA
   support) and save k and v at kv-head size: 1 / (heads / kv_heads) of the expanded copy.
+* **SwiGLU**. Traced, ``silu(gate) * up`` keeps the gate, silu(gate) (for the product's
+  backward), up and the product (the down projection's input). A fused SwiGLU keeps its
+  input (gate and up) and recomputes silu(gate) in backward (Megatron-LM
+  ``megatron/core/fusions/fused_bias_swiglu.py``: ``SwiGLUFunction`` saves only its input;
+  Transformer Engine's ``swiglu``; torch.compile's partitioner recomputes the pointwise
+  silu): the silu output feeding a ``mul`` is not kept.
 
 For a Llama 3 block this takes the saved bytes from ~56 to ~41 per token per hidden unit
-(issue 13 measured ~54 against ~38 on other shapes). :func:`fuse_saved_activations` returns
+with the first two (issue 13 measured ~54 against ~38 on other shapes), and by another
+2 x ffn / hidden (6.5 for Llama 3 405B, ffn = 3.25 h) with the third. :func:`fuse_saved_activations` returns
 the graph with these nodes' ``saved_bytes`` and their layers' ``LayerStats`` adjusted, so
 both planners (per layer and per op) price the same bytes.
 """
@@ -28,10 +35,19 @@ _NORM_TYPES = ("RMSNorm", "LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
 _FLOAT_WIDTH = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def _fused_saved(node: OpNode, compute_width: int) -> int:
+def _swiglu_silus(graph: OpGraph) -> set[str]:
+    """Names of the silu ops whose output feeds a ``mul`` (SwiGLU; module docstring)."""
+    silus = {n for n, node in graph.nodes.items() if node.op.startswith("aten.silu")}
+    return {i for node in graph.nodes.values() if node.op.startswith("aten.mul")
+            for i in node.inputs if i in silus}
+
+
+def _fused_saved(node: OpNode, compute_width: int, swiglu: set[str] = frozenset()) -> int:
     """Bytes ``node``'s outputs keep for backward under fused kernels (module docstring)."""
     if not node.saved_bytes or not node.output_meta:
         return node.saved_bytes
+    if node.name in swiglu:
+        return 0                                     # recomputed by the fused SwiGLU
     meta = node.output_meta[0]
     if node.module_type in _NORM_TYPES and _FLOAT_WIDTH.get(meta.dtype, 0) > compute_width:
         if node.op.startswith("aten.rsqrt"):
@@ -56,8 +72,9 @@ def fuse_saved_activations(graph: OpGraph) -> OpGraph:
     if compute_width >= 4:
         return graph                                 # fp32 training: nothing is upcast
     nodes, delta, delta_tp = {}, {}, {}
+    swiglu = _swiglu_silus(graph)
     for name, node in graph.nodes.items():
-        kept = _fused_saved(node, compute_width)
+        kept = _fused_saved(node, compute_width, swiglu)
         if kept != node.saved_bytes:
             d = node.saved_bytes - kept
             delta[node.layer] = delta.get(node.layer, 0) + d

@@ -50,6 +50,7 @@ from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucke
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
 from autoplan.planner.build import split_layers
+from autoplan.precision import precision as precision_named
 
 __all__ = ["OVERLAP_COST", "Estimator", "divisors", "fits"]
 
@@ -68,7 +69,7 @@ class Estimator:
         self.graph = graph
         self.cluster = cluster
         self.precision = precision
-        compute_dtype = "bfloat16" if precision == "mixed" else "float32"
+        compute_dtype = precision_named(precision, "precision").compute
         # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
         self.compute, self.comm, self.cost_provenance = resolve_cost_models(cluster, precision,
                                                                             compute, comm)

@@ -86,6 +86,7 @@ class CapturedOp:
     bytes_written: int
     is_view: bool
     bwd_flops: float = 0.0
+    causal: bool = False               # called with is_causal=True (attention kernels)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ class _Recorder(TorchDispatchMode):
                 self.unattributed += flops
             return out
         self._record(func, in_tensors, out_tensors, flops, is_view)
+        self.ops[-1].causal = _is_causal(func, args, kwargs)
         return out
 
     def _record(self, func, in_tensors, out_tensors, flops, is_view) -> None:
@@ -231,6 +233,15 @@ class _Recorder(TorchDispatchMode):
             key = storage_key(o)
             if key is not None and key not in self.owners:
                 self.owners[key] = ("op", index)
+
+
+def _is_causal(func, args, kwargs) -> bool:
+    """The ``is_causal`` argument of ``func`` (attention kernels), False if it has none."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name == "is_causal":
+            value = kwargs.get("is_causal", args[i] if i < len(args) else arg.default_value)
+            return bool(value)
+    return False
 
 
 def capture(model: nn.Module, batch: tuple) -> Capture:

@@ -152,7 +152,7 @@ def _graph_from_capture(model: nn.Module, cap: Capture, *, model_name: str, fing
             module_path=op.module_path, module_type=op.module_type,
             layer=layer_of[op.index], saved_bytes=saved.op_bytes.get(op.index, 0),
             saved_is_attention_matrix=op.index in saved.op_attention,
-            tp_role=roles[op.index])
+            tp_role=roles[op.index], causal=op.causal)
     a2a = _mark_experts(model, params, batch, len(spans))
     plist = list(params.values())
     layers = [

@@ -1,0 +1,193 @@
+"""GEMM and attention efficiency by shape (autoplan.cost.kernel_shape, cost.compute), and
+fp16 mixed precision with loss scaling."""
+
+import pytest
+
+from autoplan.api import check_precision, estimate, prepare
+from autoplan.cluster import load_cluster, load_device
+from autoplan.cost import ComputeModel
+from autoplan.cost.compute import (LOSS_SCALE_BYTES_PER_PARAM, default_efficiency, gemm_dims)
+from autoplan.cost.kernel_shape import (FA2_FWD_BWD_TFLOPS, GEMM_K0, SMS, TILE_ELEMENTS,
+                                        attention_tflops, gemm_backward_factor, gemm_factor,
+                                        wave_utilisation)
+from autoplan.errors import ConfigError
+from autoplan.graph import OpNode, TensorMeta
+
+
+def mm(m: int, n: int, k: int, role: str = "replicated", op: str = "aten.mm.default",
+       batch: int = 1) -> OpNode:
+    out = (batch, m, n) if batch > 1 else (m, n)
+    a = (batch, m, k) if batch > 1 else (m, k)
+    b = (batch, k, n) if batch > 1 else (k, n)
+    return OpNode(name="mm", op=op, inputs=[], input_meta=[TensorMeta(a, "bfloat16"),
+                                                            TensorMeta(b, "bfloat16")],
+                  output_meta=[TensorMeta(out, "bfloat16")], fwd_flops=2.0 * batch * m * n * k,
+                  bwd_flops=4.0 * batch * m * n * k,
+                  bytes_read=2 * batch * (m * k + k * n), bytes_written=2 * batch * m * n,
+                  tp_role=role)  # type: ignore[arg-type]
+
+
+def sdpa(b: int, heads: int, s: int, d: int, causal: bool) -> OpNode:
+    q = TensorMeta((b, heads, s, d), "bfloat16")
+    f = 4.0 * b * heads * s * s * d
+    return OpNode(name="attn", op="aten._scaled_dot_product_flash_attention.default",
+                  inputs=[], input_meta=[q, q, q], output_meta=[q], fwd_flops=f,
+                  bwd_flops=2.5 * f, bytes_read=3 * q.nbytes, bytes_written=q.nbytes,
+                  causal=causal)
+
+
+# ---- the shape curve ------------------------------------------------------------------------
+def test_wave_utilisation_is_monotone_and_bounded():
+    sms = SMS["ampere"]
+    values = [wave_utilisation(t, sms) for t in (1, 10, 54, 108, 500, 5000, 10**6)]
+    assert values == sorted(values) and all(0 < v < 1 for v in values)
+    assert wave_utilisation(sms / 2, sms) == pytest.approx(0.5)       # half the SMs busy
+    assert values[-1] > 0.999
+    assert wave_utilisation(10, 0) == 1.0                              # no model (CPU)
+
+
+@pytest.mark.parametrize("family", ["ampere", "hopper", "volta"])
+def test_gemm_factor_small_shards_slower_large_approach_one(family):
+    sms = SMS[family]
+    sizes = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+    f = [gemm_factor(1, s, s, s, sms) for s in sizes]
+    assert f == sorted(f)                                              # monotone in size
+    assert f[0] < 0.25 and f[-1] > 0.99                                # small slow, large -> 1
+    # K alone: the pipeline fill costs K0 of depth
+    assert gemm_factor(1, 8192, 8192, GEMM_K0, sms) == pytest.approx(
+        0.5 * wave_utilisation(8192 * 8192 / TILE_ELEMENTS, sms))
+    # backward: harmonic mean of the data- and weight-gradient GEMMs
+    d, w = gemm_factor(1, 4096, 1024, 512, sms), gemm_factor(1, 1024, 512, 4096, sms)
+    assert gemm_backward_factor(1, 4096, 512, 1024, sms) == pytest.approx(2 / (1 / d + 1 / w))
+
+
+def test_gemm_dims_follow_tp_role_and_micro_batch():
+    assert gemm_dims(mm(2048, 6144, 2048)) == (1, 2048, 6144, 2048)
+    assert gemm_dims(mm(2048, 6144, 2048, "column"), tp=4) == (1, 2048, 1536, 2048)
+    assert gemm_dims(mm(2048, 2048, 6144, "row"), tp=4) == (1, 2048, 2048, 1536)
+    assert gemm_dims(mm(2048, 6144, 2048, "column"), tp=2, batch_scale=4) == \
+        (1, 8192, 3072, 2048)
+    bmm = mm(2048, 2048, 128, "sharded", op="aten.bmm.default", batch=32)
+    assert gemm_dims(bmm, tp=8, batch_scale=2) == (8, 2048, 2048, 128)
+
+
+def test_compute_model_prices_the_shard_shape():
+    a100 = load_device("a100-80gb")
+    cm = ComputeModel(a100, "bfloat16")
+    eff = default_efficiency(a100)
+    big = mm(8192, 8192, 8192)
+    fwd, bwd = cm.op_time(big)
+    rate = 312e12 * eff.matmul * gemm_factor(1, 8192, 8192, 8192, SMS["ampere"])
+    assert fwd == pytest.approx(big.fwd_flops / rate + eff.kernel_overhead_s)
+    # achieved fraction of peak: large GEMMs near the asymptote, TP-8 shards of a small
+    # layer at micro-batch 1 well below it
+    achieved = big.fwd_flops / (fwd * 312e12)
+    assert 0.9 * eff.matmul < achieved < eff.matmul
+    small = mm(2048, 3 * 1024, 1024, "column")
+    f8, _ = cm.op_time_at(small, None, tp=8)
+    assert small.fwd_flops / 8 / (f8 * 312e12) < 0.6 * eff.matmul
+    # the same FLOPs as one larger shard run faster than split eight ways
+    f1, _ = cm.op_time(mm(2048, 384, 1024))
+    assert f8 == pytest.approx(f1)
+    assert cm.op_time(mm(4096, 384, 1024))[0] < 2 * f1
+
+
+# ---- attention ------------------------------------------------------------------------------
+def test_attention_table_matches_flashattention2_and_interpolates():
+    a100 = FA2_FWD_BWD_TFLOPS["ampere"]
+    assert attention_tflops("ampere", 2048, 128, True) == a100[(128, True)][2] == 155
+    mid = attention_tflops("ampere", 2048 * 2**0.5, 128, True)
+    assert 155 < mid < 173
+    assert attention_tflops("ampere", 100, 64, False) == a100[(64, False)][0]
+    assert attention_tflops("ampere", 10**6, 128, False) == a100[(128, False)][-1]
+    assert attention_tflops("ampere", 4096, 96, True) == pytest.approx((156 + 173) / 2)
+    assert attention_tflops("volta", 2048, 128, True) is None
+    for family in FA2_FWD_BWD_TFLOPS:
+        for row in FA2_FWD_BWD_TFLOPS[family].values():
+            assert list(row) == sorted(row)                          # longer: faster
+
+
+def test_causal_attention_does_half_the_traced_flops():
+    h100 = load_device("h100-sxm")
+    cm = ComputeModel(h100, "bfloat16")
+    eff = default_efficiency(h100)
+    full, causal = sdpa(1, 16, 8192, 128, False), sdpa(1, 16, 8192, 128, True)
+    t_full, t_causal = sum(cm.op_time(full)), sum(cm.op_time(causal))
+    rate = 335e12 * eff.clock                   # FA2, H100, non-causal, d 128, 8k
+    assert t_full == pytest.approx(3.5 * full.fwd_flops / rate + 2 * eff.kernel_overhead_s,
+                                   rel=1e-6)
+    rate_c = 308e12 * eff.clock
+    assert t_causal == pytest.approx(3.5 * causal.fwd_flops / 2 / rate_c
+                                     + 2 * eff.kernel_overhead_s, rel=1e-6)
+    # a device family without a table keeps the documented constant on the traced FLOPs
+    v100 = ComputeModel(load_device("v100-32gb"), "float16")
+    fv, _ = v100.op_time(causal)
+    e = default_efficiency(load_device("v100-32gb"))
+    assert fv == pytest.approx(causal.fwd_flops / (125e12 * e.attention) + e.kernel_overhead_s)
+
+
+# ---- fp16 mixed precision -------------------------------------------------------------------
+def test_fp16_is_the_v100_default_and_bf16_is_refused_there():
+    v100 = load_cluster("dgx-v100")
+    assert check_precision(None, v100) == "mixed-fp16"
+    assert check_precision(None, load_cluster("dgx-a100")) == "mixed"
+    assert check_precision("mixed-fp16", load_cluster("dgx-a100")) == "mixed-fp16"
+    with pytest.raises(ConfigError, match="precision.*bfloat16.*mixed-fp16"):
+        check_precision("mixed", v100)
+    with pytest.raises(ConfigError, match="precision.*GPUs"):
+        check_precision("mixed-fp16", load_cluster("local-cpu"))
+    with pytest.raises(ConfigError, match="precision"):
+        check_precision("bf16", v100)
+
+
+def test_fp16_prices_loss_scaling_and_fp32_master_weights():
+    problem = prepare("gpt-1.7b", "dgx-v100", global_batch=16)
+    plan = estimate(None, None, global_batch=16, problem=problem, tp=1, pp=1, dp=8,
+                    micro_batch=2, checkpoint="full")
+    assert plan.precision == {"params": "float32", "compute": "float16", "reduce": "float32"}
+    v100 = load_device("v100-32gb")
+    fp16 = ComputeModel(v100, "float16")
+    assert fp16.peak == 125e12
+    n = 1e9
+    plain = n * 28.0 / (v100.memory_bandwidth * fp16.efficiency.memory)
+    assert fp16.optimizer_time(n) == pytest.approx(
+        plain * (28.0 + LOSS_SCALE_BYTES_PER_PARAM) / 28.0)
+    assert ComputeModel(load_device("a100-80gb"), "bfloat16").optimizer_time(n) == \
+        pytest.approx(n * 28.0 / (load_device("a100-80gb").memory_bandwidth * 0.8))
+    mem = plan.prediction.memory           # fp16 weights and grads, fp32 master + Adam: 2/2/12
+    assert mem.grads == pytest.approx(mem.params)
+    assert mem.optimizer == pytest.approx(6 * mem.params)
+
+
+def test_trace_records_causal_attention():
+    import torch
+
+    from autoplan.models import resolve
+    from autoplan.trace import trace
+
+    graph = trace(resolve("gpt-tiny", attention="sdpa"), batch_size=1, seq_len=64,
+                  dtype=torch.bfloat16)
+    attn = [n for n in graph.nodes.values() if "attention" in n.op]
+    assert attn and all(n.causal for n in attn)
+    assert not any(n.causal for n in graph.nodes.values() if "attention" not in n.op)
+
+
+def test_fused_swiglu_does_not_keep_the_silu_output():
+    import torch
+
+    from autoplan.cost.fused import fuse_saved_activations
+    from autoplan.models import resolve
+    from autoplan.trace import trace
+
+    spec = resolve("llama3-8b", layers=2, hidden=256, heads=8, kv_heads=2, ffn_hidden=832,
+                   vocab_size=512)
+    graph = trace(spec, batch_size=1, seq_len=64, dtype=torch.bfloat16)
+    fused = fuse_saved_activations(graph)
+    silu = [n for n in graph.nodes.values() if n.op.startswith("aten.silu")]
+    assert silu and all(n.saved_bytes == 64 * 832 * 2 for n in silu)     # traced: kept
+    assert all(fused.nodes[n.name].saved_bytes == 0 for n in silu)        # fused: recomputed
+    block = graph.layers[1]
+    dropped = graph.layers[1].stats.saved_bytes - fused.layers[1].stats.saved_bytes
+    kept = sum(fused.nodes[n].saved_bytes for n in block.nodes)
+    assert fused.layers[1].stats.saved_bytes == kept
+    assert dropped >= 64 * 832 * 2
