@@ -71,3 +71,32 @@ def test_fastest_fitting_is_the_full_argmin():
         assert np.array_equal(got_row[finite], k[finite])
         last = last_fitting(states, act, fixed, memory, s1)
         assert np.array_equal(last, (mem <= memory).sum(axis=0) - 1)
+
+
+def _difflib_align(recorded, traced):
+    """:func:`autoplan.planner.record.align`'s rule over the whole sequences (no trimming)."""
+    import difflib
+
+    out, through = {}, set()
+    sm = difflib.SequenceMatcher(a=recorded, b=traced, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            out.update({i1 + k: j1 + k for k in range(i2 - i1)})
+        elif tag == "replace" and j2 - j1 == 1 and i2 - i1 > 1:
+            out[i2 - 1] = j1
+            through.update(range(i1, i2 - 1))
+    return out, through
+
+
+def test_align_trims_the_common_ends_as_difflib_would_match_them():
+    from autoplan.planner.record import align
+
+    block = ["aten.addmm.default", "aten.view.default", "aten.gelu.default"] * 40
+    traced = ["aten.embedding.default"] + block + ["aten.view.default", "aten.mm.default"]
+    recorded = (["aten.embedding.default"] + block
+                + ["aten.clone.default", "aten._unsafe_view.default", "aten.mm.default"])
+    got = align(recorded, traced)
+    assert got == _difflib_align(recorded, traced)
+    out, through = got
+    assert out[len(recorded) - 2] == len(traced) - 2 and through == {len(recorded) - 3}
+    assert align(traced, traced) == ({k: k for k in range(len(traced))}, set())
