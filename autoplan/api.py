@@ -233,7 +233,7 @@ def _plan_uniform(problem: Problem, *, space: SearchSpace, top_k: int,
                             space=runnable_space(problem.spec, space),
                             precision=problem.precision,
                             divides=head_counts(problem.spec), progress=progress,
-                            estimator=problem.estimator())
+                            estimator=problem.estimator(), keep=top_k + 1)
     best = result.best
     plan = build_plan(problem.graph, problem.spec, problem.cluster, best.parallel,
                       global_batch=problem.global_batch, seq_len=problem.seq_len,

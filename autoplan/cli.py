@@ -338,8 +338,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.planner == "uniform":
         plan, result = _progress_search(problem, top_k=args.top_k, quiet=args.json)
         search_s = result.seconds
-        how = (f"searched {result.evaluated} configurations ({result.feasible} fit) in "
-               f"{result.seconds:.1f} s")
+        bounded = result.priced is not None and result.priced < result.evaluated
+        how = (f"searched {result.evaluated} configurations ("
+               + (f"{result.priced} priced exactly, the rest ruled out by a step-time bound; "
+                  if bounded else "") + f"{result.feasible} fit) in {result.seconds:.1f} s")
     else:
         from rich.console import Console
 

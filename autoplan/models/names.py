@@ -7,7 +7,7 @@ exports can say "llama3-8b" rather than "gpt".
 
 from __future__ import annotations
 
-from autoplan.models.registry import ModelSpec, builtin_names, resolve
+from autoplan.models.registry import ModelSpec, builtin_names, preset_family, resolve
 
 
 def preset_of(spec: ModelSpec | dict) -> str | None:
@@ -17,6 +17,10 @@ def preset_of(spec: ModelSpec | dict) -> str | None:
     if spec.source != "builtin":
         return None
     for name in builtin_names():
+        # a preset of another family (a Hugging Face one: resolving it imports
+        # transformers, seconds) cannot equal the spec
+        if preset_family(name) not in (None, spec.name):
+            continue
         if name != spec.name and resolve(name) == spec:
             return name
     return None

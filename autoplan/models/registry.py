@@ -172,6 +172,14 @@ def builtin_names() -> list[str]:
     return sorted(set(_FAMILIES) | set(_PRESETS))
 
 
+def preset_family(name: str) -> str | None:
+    """The family of preset ``name`` (a built-in family or ``hf:<model_type>``), None for a
+    name that is not a preset."""
+    _load_builtins()
+    hit = _PRESETS.get(name)
+    return hit[0] if hit else None
+
+
 def resolve(name: str, /, **overrides: Any) -> ModelSpec:
     """Turn what a user typed into a spec: a builtin family or preset name, ``hf:<type>``,
     ``hf:<path/to/config.json>``, or ``import:<pkg.mod:factory>``. ``overrides`` update the

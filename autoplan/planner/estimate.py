@@ -369,12 +369,7 @@ class Estimator:
                     ep: int = 1, cp: int = 1) -> ChunkCost:
         (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
          experts) = self._layers(start, end, tp, sp, micro_batch, ckpt, ep, cp)
-        send = 0.0
-        if not last:
-            scale = micro_batch / self.b0
-            out_bytes = self.graph.layers[end - 1].stats.output_bytes * scale / tp / cp
-            send = self.comm.time("send_recv", out_bytes,
-                                  Group(size=2, ranks_per_node=pp_per_node))
+        send = self._send(end, tp, micro_batch, last, pp_per_node, cp)
         modules = 1 + sum(_is_block(self.graph.layers[i].name) for i in range(start, end))
         p = ParallelConfig(dp=dp, tp=tp, ep=ep, cp=cp)          # for the group shapes
         buckets = (ParamBucket(("dp",), params, self.dp_group(p)),)
@@ -388,6 +383,61 @@ class Estimator:
                          zero, dp * cp * tp, cpu_f, cpu_b, modules,
                          transient=temporary_bytes(self.graph, start, end,
                                                    micro_batch / self.b0 / cp, tp))
+
+    @functools.lru_cache(maxsize=None)
+    def _send(self, end: int, tp: int, micro_batch: int, last: bool, pp_per_node: int,
+              cp: int = 1) -> float:
+        """Seconds to send a chunk's output (layer ``end - 1``'s, split over tp and cp) to
+        the next pipeline rank; 0 for the last chunk."""
+        if last:
+            return 0.0
+        scale = micro_batch / self.b0
+        out_bytes = self.graph.layers[end - 1].stats.output_bytes * scale / tp / cp
+        return self.comm.time("send_recv", out_bytes, Group(size=2, ranks_per_node=pp_per_node))
+
+    # ---- a lower bound of one configuration's step time ------------------------------------
+    @functools.cached_property
+    def exact_pipeline_bound(self) -> bool:
+        """Is :meth:`step_lower_bound` a bound of :meth:`predict`'s step time? Yes unless
+        the step is reshaped after composing: ranks sharing CPU cores
+        (:mod:`autoplan.cost.shared_cores`) or calibration factors other than 1."""
+        cal = self.step.calibration
+        return self.step.shared is None and (cal is None or cal.is_identity)
+
+    def step_lower_bound(self, p: ParallelConfig) -> float:
+        """The pipeline term of :meth:`predict`'s step time (:meth:`autoplan.cost.step.
+        StepModel.compose`), without building the chunks' costs: with T_d the seconds of
+        pipeline rank d per micro-batch (the sum of its chunks' ``ChunkCost.time``),
+
+            pipeline = sum_d T_d + (m - 1) max_d T_d          (v = 1)
+            pipeline = m max_d T_d + (pp - 1) max_d T_d / v    (interleaved, v chunks)
+
+        (Narayanan et al. 2021, sec. 2.2). The step adds the exposed data-parallel time and
+        the optimizer step, both >= 0, so step >= pipeline where :attr:`exact_pipeline_bound`
+        holds; the uniform planner prices exactly only configurations this bound cannot rule
+        out."""
+        total, slow = self._rank_times(p.tp, p.sequence_parallel, p.micro_batch,
+                                       p.checkpoint == "full", p.pp, p.virtual_stages,
+                                       2 if self._pp_same_node(p) else 1, p.ep, p.cp)
+        m, v = p.num_micro_batches, p.virtual_stages
+        if v == 1:
+            return total + (m - 1) * slow
+        return m * slow + (p.pp - 1) * slow / v
+
+    @functools.lru_cache(maxsize=None)
+    def _rank_times(self, tp: int, sp: bool, micro_batch: int, ckpt: bool, pp: int, v: int,
+                    pp_per_node: int, ep: int, cp: int) -> tuple[float, float]:
+        """(sum over pipeline ranks, max over ranks) of T_d (:meth:`step_lower_bound`),
+        summed in :meth:`chunks`' order as ``compose`` sums them."""
+        ranges = split_layers(self.graph, pp * v)
+        times = []
+        for c, (a, b) in enumerate(ranges):
+            fwd, bwd, tp_f, tp_b = self._layers(a, b, tp, sp, micro_batch, ckpt, ep, cp)[:4]
+            send = self._send(b, tp, micro_batch, c == len(ranges) - 1, pp_per_node, cp)
+            t = fwd + bwd + tp_f + tp_b + 2 * send
+            times.append(t + fwd + tp_f if ckpt else t)
+        rank = [sum(times[d::pp]) for d in range(pp)]
+        return sum(rank), max(rank)
 
     # ---- one configuration ---------------------------------------------------------------
     def chunks(self, p: ParallelConfig) -> list[ChunkCost]:

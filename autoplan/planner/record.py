@@ -193,16 +193,30 @@ def align(recorded: list[str], traced: list[str]) -> tuple[dict[int, int], set[i
     """Match recorded ops to traced ops by name: (recorded index -> traced index, recorded
     ops to pass through).
 
-    The longest common subsequence (difflib) lines most ops up. Where one traced op faces
-    several recorded ones (a reshape that views at batch 1 but copies at a larger batch:
-    ``view`` against ``clone`` + ``_unsafe_view``), the traced op takes the last recorded op
-    of the run and the others pass their first input through."""
+    The common prefix and suffix match one to one (some longest common subsequence always
+    contains them; the two runs of one model differ in a few ops, so they are nearly all of
+    it), and the longest common subsequence of what is left (difflib; quadratic in the
+    number of repeated names, seconds for a 126-layer model run whole) lines up the rest.
+    Where one traced op faces several recorded ones (a reshape that views at batch 1 but
+    copies at a larger batch: ``view`` against ``clone`` + ``_unsafe_view``), the traced op
+    takes the last recorded op of the run and the others pass their first input through."""
     import difflib
 
-    sm = difflib.SequenceMatcher(a=recorded, b=traced, autojunk=False)
-    out: dict[int, int] = {}
+    n = min(len(recorded), len(traced))
+    head = 0
+    while head < n and recorded[head] == traced[head]:
+        head += 1
+    tail = 0
+    while tail < n - head and recorded[-1 - tail] == traced[-1 - tail]:
+        tail += 1
+    out: dict[int, int] = {k: k for k in range(head)}
+    for k in range(1, tail + 1):
+        out[len(recorded) - k] = len(traced) - k
     through: set[int] = set()
+    sm = difflib.SequenceMatcher(a=recorded[head:len(recorded) - tail],
+                                 b=traced[head:len(traced) - tail], autojunk=False)
     for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        i1, i2, j1, j2 = i1 + head, i2 + head, j1 + head, j2 + head
         if tag == "equal":
             for k in range(i2 - i1):
                 out[i1 + k] = j1 + k

@@ -200,7 +200,6 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
     flat_t = np.full((s1, len(ui)), INF)
     flat_c = np.full(flat_t.shape, -1, dtype=np.int64)
     flat_m = np.full(flat_t.shape, -1, dtype=np.int64)
-    positions = np.arange(s1)[:, None, None]
     for mi, mesh in enumerate(meshes):
         kt = {k: tables.get((k, mesh)) for k in kinds}
         if any(v is None for v in kt.values()):
@@ -211,10 +210,7 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
         if not rows:
             continue
         lat = rc.t + rc.send + rc.u / m                                 # (R, P)
-        mem = rc.states[None] + positions * rc.act[None] + rc.fixed[None]   # (S + 1, R, P)
-        cand = np.where(mem <= memory, lat[None], INF)
-        k = np.argmin(cand, axis=1)                                     # (S + 1, P)
-        val = np.take_along_axis(cand, k[:, None, :], axis=1)[:, 0, :]
+        val, k = fastest_fitting(lat, rc.states, rc.act, rc.fixed, memory, s1)
         better = val < flat_t
         flat_t = np.where(better, val, flat_t)
         flat_c = np.where(better, np.array(rows)[k], flat_c)
@@ -227,6 +223,54 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
     best_m[:, ui, uj] = flat_m
     best_t[0] = INF
     return RangeTable(best_t, best_c, best_m, combos, meshes, choice)
+
+
+def last_fitting(states: np.ndarray, act: np.ndarray, fixed: np.ndarray, memory: float,
+                 s1: int) -> np.ndarray:
+    """Per entry, the largest position s in [0, s1) with ``states + s act + fixed <=
+    memory`` (-1: none): memory grows with the micro-batches in flight (act >= 0), so the
+    positions that fit are 0..s. Solved in closed form, then corrected by the exact
+    comparison (the same floating-point expression the fit is decided by)."""
+    def fits(s):
+        return (states + s * act) + fixed <= memory
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        guess = np.floor((memory - states - fixed) / np.where(act > 0, act, 1.0))
+    guess = np.where(act > 0, guess, np.where(fits(0), s1 - 1, -1))
+    s = np.clip(np.nan_to_num(guess, nan=-1.0, posinf=s1 - 1, neginf=-1.0), -1, s1 - 1)
+    s = s.astype(np.int64)
+    for _ in range(4):          # rounding moves the closed form by at most one either way
+        up = (s + 1 < s1) & fits(s + 1)
+        down = (s >= 0) & ~fits(np.maximum(s, 0))
+        if not up.any() and not down.any():
+            break
+        s = s + up - down
+    return s
+
+
+def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed: np.ndarray,
+                    memory: float, s1: int) -> tuple[np.ndarray, np.ndarray]:
+    """For rows (R, P) of stage latencies and memory terms: per position s < s1 and column,
+    the smallest latency among the rows that fit at s (``states + s act + fixed <=
+    memory``) and its row, the first of equal ones (INF and row 0 where none fits) --
+    ``argmin`` over the (s1, R, P) array of fitting latencies, without building it: rows
+    sorted by latency, the running maximum of their :func:`last_fitting` position; the
+    best row at s is the first whose running maximum reaches s."""
+    r_count, p_count = lat.shape
+    order = np.argsort(lat, axis=0, kind="stable")                   # (R, P)
+    sorted_lat = np.take_along_axis(lat, order, axis=0)
+    reach = np.maximum.accumulate(np.take_along_axis(
+        last_fitting(states, act, fixed, memory, s1), order, axis=0), axis=0)
+    # rows before the first reaching s: those whose running maximum is below s
+    counts = np.zeros((p_count, s1 + 1), dtype=np.int64)
+    np.add.at(counts, (np.broadcast_to(np.arange(p_count), reach.shape), reach + 1), 1)
+    first = np.cumsum(counts, axis=1)[:, :s1].T                          # (s1, P)
+    found = first < r_count
+    at = np.minimum(first, r_count - 1)
+    cols = np.arange(p_count)[None, :]
+    val = np.where(found, sorted_lat[at, cols], INF)
+    row = np.where(found, order[at, cols], 0)
+    return val, row
 
 
 @dataclass

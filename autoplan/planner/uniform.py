@@ -17,6 +17,7 @@ This is the baseline every later solver must beat.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -99,6 +100,7 @@ class SearchResult:
     seconds: float
     closest_infeasible: Candidate | None = None
     notes: list[str] = field(default_factory=list)
+    priced: int | None = None              # configurations priced exactly (None: all)
 
 
 def tp_degrees(graph: OpGraph, cluster: Cluster, divides: tuple[int, ...] = ()) -> list[int]:
@@ -164,31 +166,54 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
 def search_uniform(graph: OpGraph, cluster: Cluster, global_batch: int, *,
                    space: SearchSpace = SearchSpace(), precision: str = "mixed",
                    divides: tuple[int, ...] = (), estimator: Estimator | None = None,
-                   progress=None) -> SearchResult:
-    """Evaluate every configuration; raise InfeasibleError (with what would fit) if none fits."""
+                   progress=None, keep: int | None = None) -> SearchResult:
+    """Evaluate the configurations; raise InfeasibleError (with what would fit) if none fits.
+
+    ``keep``: how many of the fastest fitting configurations the caller needs exactly (the
+    best and its alternatives); None prices every configuration. With ``keep``, the
+    configurations are priced in the order of a lower bound of their step time
+    (:meth:`~autoplan.planner.estimate.Estimator.step_lower_bound`, the pipeline term, from
+    cached per-layer sums) and the pricing stops at the first whose bound exceeds the
+    ``keep``-th fastest fitting step time found: no configuration left can rank among the
+    first ``keep`` (branch and bound). ``ranked`` and ``feasible`` then cover the priced
+    configurations; ``evaluated`` counts them all."""
     start = time.perf_counter()
     est = estimator or Estimator(graph, cluster, precision=precision)
     feasible: list[Candidate] = []
     closest: Candidate | None = None
-    evaluated = 0
-    for cfg in enumerate_configs(graph, cluster, global_batch, space, divides):
-        evaluated += 1
-        cand = Candidate(cfg, est.predict(cfg))
+    configs = list(enumerate_configs(graph, cluster, global_batch, space, divides))
+    if not configs:
+        raise InfeasibleError(_refusal(graph, cluster, global_batch, space, divides))
+    bounded = keep is not None and est.exact_pipeline_bound
+    if bounded:
+        bounds = [est.step_lower_bound(cfg) for cfg in configs]
+        order = sorted(range(len(configs)), key=bounds.__getitem__)
+    else:
+        order = range(len(configs))
+    times: list[float] = []              # fitting step times found, ascending (bounded)
+    priced = 0
+    for i in order:
+        if bounded and len(times) >= keep and bounds[i] > times[keep - 1] * (1 + 1e-12):
+            break
+        cand = Candidate(configs[i], est.predict(configs[i]))
+        priced += 1
         if cand.fits:
             feasible.append(cand)
+            if bounded:
+                bisect.insort(times, cand.prediction.step_time_s)
         elif closest is None or cand.prediction.memory.total < closest.prediction.memory.total:
             closest = cand
         if progress is not None:
-            progress(evaluated)
-    if evaluated == 0:
-        raise InfeasibleError(_refusal(graph, cluster, global_batch, space, divides))
+            progress(priced)
+    if progress is not None:
+        progress(len(configs))
     if not feasible:
         raise InfeasibleError(explain_infeasible(closest, cluster))
     feasible.sort(key=lambda c: (c.prediction.step_time_s, c.prediction.memory.total,
                                  c.parallel.label()))
-    return SearchResult(best=feasible[0], ranked=feasible, evaluated=evaluated,
+    return SearchResult(best=feasible[0], ranked=feasible, evaluated=len(configs),
                         feasible=len(feasible), seconds=time.perf_counter() - start,
-                        closest_infeasible=closest)
+                        closest_infeasible=closest, priced=priced)
 
 
 def _refusal(graph: OpGraph, cluster: Cluster, global_batch: int, space: SearchSpace,
