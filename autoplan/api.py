@@ -36,6 +36,7 @@ from autoplan.plan import ParallelConfig, Plan
 from autoplan.planner.build import build_plan
 from autoplan.planner.estimate import Estimator, fits
 from autoplan.planner.uniform import SearchResult, SearchSpace, search_uniform
+from autoplan.precision import PLANNED, PRECISIONS, default_for
 
 ModelLike = str | ModelSpec
 ClusterLike = str | Cluster
@@ -73,8 +74,7 @@ class Problem:
 
     @property
     def precision_dict(self) -> dict[str, str]:
-        compute = "bfloat16" if self.precision == "mixed" else "float32"
-        return {"params": "float32", "compute": compute, "reduce": "float32"}
+        return PRECISIONS[self.precision].plan_dict()
 
     def estimator(self) -> Estimator:
         return Estimator(self.graph, self.cluster, precision=self.precision,
@@ -116,8 +116,8 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
     if precision is None:
-        precision = "fp32" if clus.device.name.lower().startswith("cpu") else "mixed"
-    if precision not in ("mixed", "fp32"):
+        precision = default_for(clus.device.name).name
+    if precision not in PLANNED:
         raise ConfigError(f"must be 'mixed' or 'fp32', got {precision!r}", field="precision")
     if check_fits:
         from autoplan.planner.bounds import check_states_fit
@@ -126,7 +126,7 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     seq = seq_len or default_seq_len(spec)
     import torch
 
-    dtype = torch.bfloat16 if precision == "mixed" else torch.float32
+    dtype = getattr(torch, PRECISIONS[precision].compute)
     graph = _trace_smallest_batch(spec, seq, dtype)
     if not clus.device.name.lower().startswith("cpu"):
         # GPU training runs fused norm and attention kernels: their saved activations
@@ -317,36 +317,28 @@ def search_gap(spec: ModelSpec) -> str | None:
     is paper either way). Such a plan would be replaced by the grid's best after the search
     (:func:`_engine_gap`), so the search is not run. A plan sharding some weight stands for
     the search's plans: the search shards weights whenever it pays (the only plans it
-    would keep are those the uniform runtime also expresses, which the grid finds)."""
+    would keep are those the uniform runtime also expresses, which the grid finds).
+    Decided from the model spec as data (:mod:`autoplan.capability`)."""
     from types import SimpleNamespace
 
-    from autoplan.errors import PlanError
+    from autoplan.capability import adapted, per_op_gap
+    from autoplan.placement import shard_text
 
-    try:
-        from engine.model import check_supported
-        from engine.staged import per_op_gap
-
-        check_supported(spec)
-    except (PlanError, ImportError):
+    if not adapted(spec):
         return None
-    sharded = SimpleNamespace(param_placements={"<any weight>": {"tp": "Shard(0)"}})
+    sharded = SimpleNamespace(param_placements={"<any weight>": {"tp": shard_text(0)}})
     return per_op_gap(spec) or per_op_gap(spec, sharded)
 
 
 def _engine_gap(spec: ModelSpec, plan: Plan) -> str | None:
     """Why the engine cannot run ``plan`` of a model it runs otherwise (None: it can, or it
-    runs no plan of this model at all)."""
-    from autoplan.errors import PlanError
+    runs no plan of this model at all), from the plan and the spec as data."""
+    from autoplan.capability import adapted, needs_per_op, per_op_gap
 
-    try:
-        from engine.model import check_supported
-        from engine.staged import per_op_gap, runs_per_op
-
-        check_supported(spec)
-    except (PlanError, ImportError):
+    if not adapted(spec):
         return None
     gap = per_op_gap(spec, plan)
-    return gap if gap and runs_per_op(plan, spec) else None
+    return gap if gap and needs_per_op(plan) else None
 
 
 def optimize(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch: int,

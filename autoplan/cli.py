@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autoplan.errors import AutoplanError
+from autoplan.precision import PLANNED
 
 EXIT_USER_ERROR = 2
 
@@ -122,7 +123,7 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--nodes", type=_count(1), help="override the cluster's node count")
     p.add_argument("--global-batch", type=_count(1, MAX_GLOBAL_BATCH), required=required,
                    help="global batch (samples)")
-    p.add_argument("--precision", choices=("mixed", "fp32"),
+    p.add_argument("--precision", choices=PLANNED,
                    help="mixed: bf16 compute, fp32 master weights (default on GPUs); fp32")
     p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
                    help="fraction of device memory a plan leaves free beyond the modelled "

@@ -38,12 +38,12 @@ from typing import Mapping
 
 from autoplan.graph import LayerStats
 from autoplan.plan import SCHEDULES, MemoryBreakdown
+from autoplan.precision import PRECISIONS
 
 #: Bytes per parameter: (params, grads, optimizer states) before any sharding.
+#: (:attr:`autoplan.precision.Precision.state_bytes`: 2 + 2 + 12 mixed, 4 + 4 + 8 fp32)
 PRECISION_BYTES: Mapping[str, tuple[float, float, float]] = MappingProxyType({
-    "mixed": (2.0, 2.0, 12.0),     # fp16/bf16 params + grads; fp32 master, momentum, variance
-    "fp32": (4.0, 4.0, 8.0),       # fp32 params + grads; momentum, variance
-})
+    name: tuple(float(b) for b in p.state_bytes) for name, p in PRECISIONS.items()})
 
 
 def _positive_int(value: object, name: str) -> int:

@@ -70,6 +70,7 @@ from autoplan.cost.compute import ComputeModel
 from autoplan.cost.shared_cores import SharedCores
 from autoplan.errors import ConfigError
 from autoplan.graph import OpGraph, OpNode
+from autoplan.precision import PLANNED, PRECISIONS
 from autoplan.profile.lookup import Lookup, OpTimeTable
 from autoplan.profile.store import LinkProfile
 
@@ -302,8 +303,7 @@ def resolve_cost_models(cluster: Cluster, precision: str = "mixed",
     provenance = None
     if compute is None and comm is None:
         compute, comm, provenance = cost_models_for(cluster, precision)
-    compute_dtype = "bfloat16" if precision == "mixed" else "float32"
-    return (compute or ComputeModel(cluster.device, dtype=compute_dtype),
+    return (compute or ComputeModel(cluster.device, dtype=PRECISIONS[precision].compute),
             comm or CommModel(cluster), provenance)
 
 
@@ -317,9 +317,9 @@ def cost_models_for(cluster: Cluster, precision: str = "mixed",
     plain roofline / cluster-file models; ``calibrate=False`` leaves the calibration out
     (identity); ``cores`` overrides the index's core count (e.g. the cores a shared machine
     left to a run, :mod:`autoplan.hostload`)."""
-    if precision not in ("mixed", "fp32"):
+    if precision not in PLANNED:
         raise ValueError(f"precision must be 'mixed' or 'fp32', got {precision!r}")
-    dtype = "bfloat16" if precision == "mixed" else "float32"
+    dtype = PRECISIONS[precision].compute
     root = profiles_root(profiles_dir)
     prov = CostProvenance(cluster=cluster.name)
     measured_at = measured = None

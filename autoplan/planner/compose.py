@@ -2,8 +2,9 @@
 
 :func:`analyse` does the mesh-independent work once per model: re-run the model to record
 op arguments (:mod:`autoplan.planner.record`), enumerate DTensor strategies for one layer of
-each *kind* (:mod:`autoplan.planner.strategies`), and find the tensors that cross from one
-layer to the next (*transitions*, e.g. block -> block: the residual stream).
+each *kind* (:mod:`autoplan.planner.strategies`, grouped by :mod:`autoplan.planner.kinds`),
+and find the tensors that cross from one layer to the next (*transitions*, e.g. block ->
+block: the residual stream).
 
 :func:`build_problem` turns a *stage composition* — which layers a stage holds, on which
 logical mesh, at which micro-batch — into an :class:`~autoplan.planner.intra_op.IntraOpProblem`.
@@ -44,7 +45,8 @@ from autoplan.cost.step import OVERLAP_COST
 from autoplan.planner.intra_op import (ZERO_STAGES, Hinge, IntraOpProblem, Linear,
                                        PartialGroup)
 from autoplan.planner.mesh import LogicalMesh
-from autoplan.planner.strategies import KindGraph, Spec, build_kind, probe_mesh
+from autoplan.planner.kinds import KindGraph, build_kind
+from autoplan.planner.strategies import Spec, probe_mesh
 
 Transition = tuple[int, int, int, int]      # (producer pos, output, consumer pos, slot)
 
@@ -124,7 +126,7 @@ def analyse(spec, graph: OpGraph) -> ModelStructure:
         node_names = list(graph.nodes)
         pos = {n: k for k, n in enumerate(names)}
         out: list[Transition] = []
-        from autoplan.planner.strategies import flat_refs
+        from autoplan.planner.kinds import flat_refs
 
         for op in rec.ops[l]:
             for q, r in enumerate(flat_refs(op)):

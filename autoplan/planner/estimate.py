@@ -49,6 +49,7 @@ from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucke
     Workload
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
+from autoplan.precision import PRECISIONS
 from autoplan.planner.build import split_layers
 
 __all__ = ["OVERLAP_COST", "Estimator", "divisors", "fits"]
@@ -68,7 +69,7 @@ class Estimator:
         self.graph = graph
         self.cluster = cluster
         self.precision = precision
-        compute_dtype = "bfloat16" if precision == "mixed" else "float32"
+        compute_dtype = PRECISIONS[precision].compute
         # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
         self.compute, self.comm, self.cost_provenance = resolve_cost_models(cluster, precision,
                                                                             compute, comm)

@@ -28,7 +28,7 @@ import numpy as np
 
 from autoplan.graph import OpGraph
 from autoplan.planner.costs import KindCosts
-from autoplan.planner.strategies import members
+from autoplan.planner.kinds import members
 
 
 def megatron_restrict(graph: OpGraph, kc: KindCosts, *, sequence_parallel: bool,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from autoplan.errors import AutoplanError
 from autoplan.plan import Plan, StageTime
+from autoplan.precision import priced_as
 
 #: Relative difference between the re-estimated and the recorded step time worth a note.
 DRIFT_NOTE = 0.01
@@ -124,8 +125,7 @@ def _retrace(plan: Plan):
 
     spec = ModelSpec.from_dict(plan.model)
     cluster = Cluster.from_dict(plan.cluster)
-    compute = (plan.precision or {}).get("compute", "float32")
-    precision = "mixed" if compute in ("bfloat16", "float16") else "fp32"
+    precision = priced_as(plan.precision or {}).name
     return prepare(spec, cluster, global_batch=plan.global_batch, seq_len=plan.seq_len,
                    precision=precision)
 
