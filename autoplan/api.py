@@ -34,8 +34,8 @@ from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec, default_seq_len, resolve
 from autoplan.plan import ParallelConfig, Plan
 from autoplan.planner.build import build_plan
-from autoplan.planner.estimate import Estimator, fits
-from autoplan.planner.uniform import SearchResult, SearchSpace, search_uniform
+from autoplan.planner.grid.estimate import Estimator, fits
+from autoplan.planner.grid.uniform import SearchResult, SearchSpace, search_uniform
 from autoplan.precision import PLANNED, PRECISIONS, default_for
 
 ModelLike = str | ModelSpec
@@ -229,9 +229,9 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     from autoplan.display import prediction_dict
     from autoplan.errors import InfeasibleError
     from autoplan.models.capabilities import capabilities
-    from autoplan.planner.megatron import uniform_choice
-    from autoplan.planner.search import Candidate, SearchOptions, search
-    from autoplan.planner.to_plan import build_search_plan
+    from autoplan.planner.search.megatron import uniform_choice
+    from autoplan.planner.search.search import Candidate, SearchOptions, search
+    from autoplan.planner.search.to_plan import build_search_plan
 
     gap = search_gap(problem.spec)
     uniform = uniform_plan = None

@@ -203,7 +203,7 @@ class Reestimator:
         use_load = self.use_load if use_load is None else use_load
         from autoplan.cluster import Cluster
         from autoplan.cost.profiled import cost_models_for
-        from autoplan.planner.estimate import Estimator
+        from autoplan.planner.grid.estimate import Estimator
 
         plan = run.plan
         precision = priced_as(plan.precision).name

@@ -23,12 +23,12 @@ import pytest
 
 from autoplan.api import prepare
 from autoplan.models import resolve
-from autoplan.planner.compose import analyse
-from autoplan.planner.costs import CostModel
-from autoplan.planner.estimate import Estimator
-from autoplan.planner.evaluate import Evaluator
-from autoplan.planner.megatron import uniform_choice
-from autoplan.planner.uniform import enumerate_configs
+from autoplan.planner.search.compose import analyse
+from autoplan.planner.search.costs import CostModel
+from autoplan.planner.grid.estimate import Estimator
+from autoplan.planner.search.evaluate import Evaluator
+from autoplan.planner.search.megatron import uniform_choice
+from autoplan.planner.grid.uniform import enumerate_configs
 
 REL = 1e-9
 SAMPLES = {"gpu": 130, "cpu": 90}        # 220 configurations in all

@@ -21,7 +21,7 @@ import time
 from autoplan.cluster import Cluster
 from autoplan.cost.memory import PRECISION_BYTES
 from autoplan.errors import InfeasibleError
-from autoplan.planner.uniform import size_text
+from autoplan.planner.grid.uniform import size_text
 
 def parameter_counts(spec) -> tuple[int, int]:
     """(parameters, trainable parameters) of ``spec``'s model: the closed form of a built-in

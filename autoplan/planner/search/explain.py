@@ -11,10 +11,10 @@ gradient synchronisation, optimizer) and in memory per device, and whether it wo
 from __future__ import annotations
 
 from autoplan.cost.memory import in_flight_micro_batches, solver_budget_bytes
-from autoplan.planner.compose import Composition, build_problem
-from autoplan.planner.intra_op import Solution, explain, objective
+from autoplan.planner.search.compose import Composition, build_problem
+from autoplan.planner.search.intra_op import Solution, explain, objective
 from autoplan.placement import short
-from autoplan.planner.strategies import Strategy
+from autoplan.planner.search.strategies import Strategy
 
 GB = 1e9
 

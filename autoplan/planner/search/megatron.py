@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.graph import OpGraph
-from autoplan.planner.costs import KindCosts
-from autoplan.planner.kinds import members
+from autoplan.planner.search.costs import KindCosts
+from autoplan.planner.search.kinds import members
 
 
 def megatron_restrict(graph: OpGraph, kc: KindCosts, *, sequence_parallel: bool,
@@ -118,10 +118,10 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
     cheapest Megatron layout (the ILP restricted by :func:`megatron_restrict`; under
     sequence parallelism with the embeddings replicated, as the grid prices them)."""
     from autoplan.planner.build import split_layers
-    from autoplan.planner.compose import Composition, build_problem
-    from autoplan.planner.evaluate import PipelineChoice, StageChoice
-    from autoplan.planner.intra_op import solve
-    from autoplan.planner.mesh import LogicalMesh
+    from autoplan.planner.search.compose import Composition, build_problem
+    from autoplan.planner.search.evaluate import PipelineChoice, StageChoice
+    from autoplan.planner.search.intra_op import solve
+    from autoplan.planner.search.mesh import LogicalMesh
 
     from autoplan.errors import InfeasibleError
 

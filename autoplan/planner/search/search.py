@@ -50,14 +50,14 @@ from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
 from autoplan.plan import Prediction
 from autoplan.planner.build import split_layers
-from autoplan.planner.compose import ModelStructure, analyse
-from autoplan.planner.costs import CostModel
-from autoplan.planner.estimate import divisors
-from autoplan.planner.evaluate import Evaluator, PipelineChoice, StageChoice
-from autoplan.planner.inter_op import pipeline_dp
-from autoplan.planner.library import LAMBDAS, Library, build_library
-from autoplan.planner.mesh import LogicalMesh, submesh_shapes
-from autoplan.planner.tables import (INF, KindTable, LayerArrays, kind_table,
+from autoplan.planner.search.compose import ModelStructure, analyse
+from autoplan.planner.search.costs import CostModel
+from autoplan.planner.grid.estimate import divisors
+from autoplan.planner.search.evaluate import Evaluator, PipelineChoice, StageChoice
+from autoplan.planner.search.inter_op import pipeline_dp
+from autoplan.planner.search.library import LAMBDAS, Library, build_library
+from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
+from autoplan.planner.search.tables import (INF, KindTable, LayerArrays, kind_table,
                                      layer_arrays, priced_rows, range_table)
 
 log = logging.getLogger(__name__)

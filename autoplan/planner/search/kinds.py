@@ -22,8 +22,8 @@ from torch.utils import _pytree as pytree
 
 from autoplan.cost.compute import op_kind
 from autoplan.graph import OpGraph
-from autoplan.planner.record import RecordedOp, Recording, TensorRef
-from autoplan.planner.strategies import (AXES, Spec, Strategy, basic_specs, dtensor_strategies,
+from autoplan.planner.search.record import RecordedOp, Recording, TensorRef
+from autoplan.planner.search.strategies import (AXES, Spec, Strategy, basic_specs, dtensor_strategies,
                                          replicate_strategy)
 
 

@@ -39,14 +39,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.graph import OpGraph
-from autoplan.planner.costs import (BUCKETS, REDUCE_BYTES, CostModel, KindCosts, TensorEdge,
+from autoplan.planner.search.costs import (BUCKETS, REDUCE_BYTES, CostModel, KindCosts, TensorEdge,
                                     edge_matrices, grad_spec, required_grad)
 from autoplan.cost.step import OVERLAP_COST
-from autoplan.planner.intra_op import (ZERO_STAGES, Hinge, IntraOpProblem, Linear,
+from autoplan.planner.search.intra_op import (ZERO_STAGES, Hinge, IntraOpProblem, Linear,
                                        PartialGroup)
-from autoplan.planner.mesh import LogicalMesh
-from autoplan.planner.kinds import KindGraph, build_kind
-from autoplan.planner.strategies import Spec, probe_mesh
+from autoplan.planner.search.mesh import LogicalMesh
+from autoplan.planner.search.kinds import KindGraph, build_kind
+from autoplan.planner.search.strategies import Spec, probe_mesh
 
 Transition = tuple[int, int, int, int]      # (producer pos, output, consumer pos, slot)
 
@@ -101,7 +101,7 @@ class ModelStructure:
 
 def analyse(spec, graph: OpGraph) -> ModelStructure:
     """Record, enumerate strategies and find transitions (module docstring)."""
-    from autoplan.planner.record import record_layers
+    from autoplan.planner.search.record import record_layers
 
     t0 = time.perf_counter()
     kinds_order: list[str] = []
@@ -126,7 +126,7 @@ def analyse(spec, graph: OpGraph) -> ModelStructure:
         node_names = list(graph.nodes)
         pos = {n: k for k, n in enumerate(names)}
         out: list[Transition] = []
-        from autoplan.planner.kinds import flat_refs
+        from autoplan.planner.search.kinds import flat_refs
 
         for op in rec.ops[l]:
             for q, r in enumerate(flat_refs(op)):

@@ -25,10 +25,10 @@ import torch
 import autoplan
 from autoplan.placement import to_plan_text
 from autoplan.plan import MeshSpec, ParallelConfig, Plan, Stage
-from autoplan.planner.costs import BUCKETS, param_spec, member_choice
-from autoplan.planner.evaluate import PipelineChoice, StageChoice
-from autoplan.planner.kinds import members
-from autoplan.planner.search import SearchResult
+from autoplan.planner.search.costs import BUCKETS, param_spec, member_choice
+from autoplan.planner.search.evaluate import PipelineChoice, StageChoice
+from autoplan.planner.search.kinds import members
+from autoplan.planner.search.search import SearchResult
 
 GB = 1e9
 
@@ -207,7 +207,7 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
 
 def explain_placements(result: SearchResult, *, per_op: int = 3) -> list[dict]:
     """Why each weight-reading op of the first stage holding each kind got its placement."""
-    from autoplan.planner.explain import explain_stage
+    from autoplan.planner.search.explain import explain_stage
 
     out, seen = [], set()
     for c, st in enumerate(result.best.stages):

@@ -54,9 +54,9 @@ from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, usable_bytes
 from autoplan.cost.step import REDUCE_BYTES  # noqa: F401  (fp32 gradients; compose, tables)
 from autoplan.graph import OpGraph
 from autoplan.placement import shard_dim
-from autoplan.planner.kinds import KindGraph, members
-from autoplan.planner.mesh import LogicalMesh
-from autoplan.planner.strategies import AXES, Spec, Strategy
+from autoplan.planner.search.kinds import KindGraph, members
+from autoplan.planner.search.mesh import LogicalMesh
+from autoplan.planner.search.strategies import AXES, Spec, Strategy
 
 #: sync-axes buckets of parameters: index -> the axes
 BUCKETS: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (0, 1))

@@ -25,7 +25,7 @@ from autoplan.cluster import Cluster
 from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
-from autoplan.planner.estimate import Estimator, divisors, fits
+from autoplan.planner.grid.estimate import Estimator, divisors, fits
 
 GB = 1e9
 

@@ -42,10 +42,10 @@ from autoplan.cost.comm import Group
 from autoplan.cost.memory import temporary_bytes
 from autoplan.cost.step import ChunkCost, ParamBucket, StepModel, Workload
 from autoplan.plan import Prediction
-from autoplan.planner.compose import ModelStructure, transition_edges
-from autoplan.planner.costs import (BUCKETS, CostModel, KindCosts, TensorEdge, conversions,
+from autoplan.planner.search.compose import ModelStructure, transition_edges
+from autoplan.planner.search.costs import (BUCKETS, CostModel, KindCosts, TensorEdge, conversions,
                                     grad_spec, passes_partial, required_grad)
-from autoplan.planner.mesh import LogicalMesh
+from autoplan.planner.search.mesh import LogicalMesh
 
 Buckets = dict[tuple[str, str, int], float]      # (direction, collective, axis) -> bytes
 

@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 
 from autoplan.errors import InfeasibleError
-from autoplan.planner.compose import Composition, ModelStructure, build_problem
-from autoplan.planner.evaluate import Evaluator
-from autoplan.planner.intra_op import solve
-from autoplan.planner.megatron import megatron_restrict
-from autoplan.planner.mesh import LogicalMesh
+from autoplan.planner.search.compose import Composition, ModelStructure, build_problem
+from autoplan.planner.search.evaluate import Evaluator
+from autoplan.planner.search.intra_op import solve
+from autoplan.planner.search.megatron import megatron_restrict
+from autoplan.planner.search.mesh import LogicalMesh
 
 log = logging.getLogger(__name__)
 

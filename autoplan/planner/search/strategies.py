@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 
 from autoplan.placement import compact, parse, shard_dim
 from autoplan.placement_dtensor import from_dtensor, to_dtensor
-from autoplan.planner.record import RecordedOp, TensorRef
+from autoplan.planner.search.record import RecordedOp, TensorRef
 
 Place = str                    # "R" | "S<d>" | "P"
 Spec = tuple[Place, ...]        # one placement per mesh axis
