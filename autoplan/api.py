@@ -10,7 +10,7 @@
                              tp=4, pp=1, micro_batch=2, checkpoint="full")
 
 ``optimize`` runs the Alpa-style search by default (``planner="auto"``,
-:mod:`autoplan.planner.search`) with the uniform grid beside it, whose best configuration the
+:mod:`autoplan.planner.search.search`) with the uniform grid beside it, whose best configuration the
 plan keeps as ``comparison`` (the search's plan is never predicted slower). The engine runs
 search plans (:mod:`engine.staged`); for a model whose search plans it cannot run yet (a
 Hugging Face model, tied embeddings, Llama-style weights sharded per op) ``optimize`` does
@@ -354,7 +354,7 @@ def optimize(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch
     ``model(*example_inputs)`` returns the training loss. ``cluster``: a preset
     name ("dgx-a100"), a YAML path, or a Cluster; ``nodes`` overrides its node count.
     ``planner``: ``"auto"`` (default: the Alpa-style search, with the grid's best as its
-    comparison and floor; ``options`` is its :class:`~autoplan.planner.search.SearchOptions`)
+    comparison and floor; ``options`` is its :class:`~autoplan.planner.search.search.SearchOptions`)
     or ``"uniform"`` (the grid of uniform configurations alone, restricted by ``space``).
     Raises InfeasibleError (with the memory it would need) if nothing fits.
     """

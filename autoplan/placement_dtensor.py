@@ -1,7 +1,7 @@
 """Placements as DTensor's objects: the one conversion between :class:`autoplan.placement.
 Placement` and ``torch.distributed.tensor``'s ``Replicate`` / ``Shard`` / ``Partial`` /
 ``_StridedShard``, for the search (asking DTensor's strategy registry,
-:mod:`autoplan.planner.strategies`) and the engine (applying a plan,
+:mod:`autoplan.planner.search.strategies`) and the engine (applying a plan,
 :mod:`engine.placements`, :mod:`engine.tensor_parallel`). The spelling of placements as text
 is :mod:`autoplan.placement`'s alone; this module only maps its values to torch's.
 """

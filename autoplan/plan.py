@@ -17,7 +17,7 @@ A plan is written by a planner (:mod:`autoplan.planner`), read by the engine
 Files are written atomically (temp file + ``os.replace``), keys sorted, no timestamps, so the
 same inputs give a byte-identical file. Loading validates everything and names the field.
 
-Version 2 (written by the search planner, :mod:`autoplan.planner.search`) adds, all optional,
+Version 2 (written by the search planner, :mod:`autoplan.planner.search.search`) adds, all optional,
 so version-1 files load unchanged (and are held, and saved again, as version 2):
 
 * ``layout``: ``"uniform"`` — one ``(pp, dp, tp)`` mesh, every stage on a ``(dp, tp)``

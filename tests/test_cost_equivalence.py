@@ -1,10 +1,10 @@
 """One configuration priced once: the grid and the search agree on every uniform configuration.
 
-The grid (:class:`~autoplan.planner.estimate.Estimator`) prices a
+The grid (:class:`~autoplan.planner.grid.estimate.Estimator`) prices a
 :class:`~autoplan.plan.ParallelConfig` from per-layer statistics; the search
-(:class:`~autoplan.planner.evaluate.Evaluator`) prices the same configuration expressed as
-per-op placements (:func:`~autoplan.planner.megatron.uniform_choice`: Megatron's layout chosen
-by the intra-op ILP restricted to it). Both hand their chunks to the one composition,
+(:class:`~autoplan.planner.search.evaluate.Evaluator`) prices the same configuration expressed
+as per-op placements (:func:`~autoplan.planner.search.megatron.uniform_choice`: Megatron's
+layout chosen by the intra-op ILP restricted to it). Both hand their chunks to the one composition,
 :class:`autoplan.cost.step.StepModel`; this checks that the chunks agree too: step time, its
 breakdown, memory per device and per-stage times equal within 1e-9 (relative), over a seeded
 random sample of each cluster's whole uniform space (DP/TP/PP, sequence parallelism, ZeRO 0-3,

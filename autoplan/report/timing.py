@@ -4,7 +4,7 @@ A version-3 plan carries them (``prediction.stage_times``, from the one step com
 :mod:`autoplan.cost.step`): they are read, nothing is re-traced. Plans written before
 (versions 1 and 2) do not: a search plan's ``stages[i].predicted`` gives compute and
 communication per stage (backward taken as twice the forward); a uniform plan is re-priced
-with the grid's :class:`~autoplan.planner.estimate.Estimator`, re-tracing the plan's model on
+with the grid's :class:`~autoplan.planner.grid.estimate.Estimator`, re-tracing the plan's model on
 the meta device (:func:`autoplan.api.prepare`; a few seconds) unless the caller passes the
 traced :class:`~autoplan.api.Problem`. If the model cannot be rebuilt here (an ``import:``
 model whose package is missing, say), it falls back to an approximation from the

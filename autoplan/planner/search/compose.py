@@ -1,13 +1,14 @@
 """From a traced model to ILP instances: layer kinds, transitions, stage compositions.
 
 :func:`analyse` does the mesh-independent work once per model: re-run the model to record
-op arguments (:mod:`autoplan.planner.record`), enumerate DTensor strategies for one layer of
-each *kind* (:mod:`autoplan.planner.strategies`, grouped by :mod:`autoplan.planner.kinds`),
-and find the tensors that cross from one layer to the next (*transitions*, e.g. block ->
-block: the residual stream).
+op arguments (:mod:`autoplan.planner.search.record`), enumerate DTensor strategies for one
+layer of each *kind* (:mod:`autoplan.planner.search.strategies`, grouped by
+:mod:`autoplan.planner.search.kinds`), and find the tensors that cross from one layer to the
+next (*transitions*, e.g. block -> block: the residual stream).
 
 :func:`build_problem` turns a *stage composition* — which layers a stage holds, on which
-logical mesh, at which micro-batch — into an :class:`~autoplan.planner.intra_op.IntraOpProblem`.
+logical mesh, at which micro-batch — into an
+:class:`~autoplan.planner.search.intra_op.IntraOpProblem`.
 Identical layers (the same ``kind``) share one set of variables: every cost of a kind is
 multiplied by its number of layers, every cost of a transition by its number of occurrences
 (Alpa's and autoparallel's clustering of repeated layers), so a 96-layer GPT stage has the

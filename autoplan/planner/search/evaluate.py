@@ -4,11 +4,11 @@ stage by stage.
 The search chooses, per pipeline stage, a layer range, a logical mesh, one placement per op
 group of each layer kind, a ZeRO stage and recomputation (:class:`StageChoice`). This
 module prices that choice with the same formulas as
-:class:`~autoplan.planner.estimate.Estimator` (its docstring has them), generalised from
+:class:`~autoplan.planner.grid.estimate.Estimator` (its docstring has them), generalised from
 "TP degree t" to per-op placements:
 
 * per micro-batch, stage c: compute t_f(c), t_b(c) = the ops' ``op_time`` under their
-  placements (:mod:`autoplan.planner.costs`); *layer communication* tp_f(c), tp_b(c) = the
+  placements (:mod:`autoplan.planner.search.costs`); *layer communication* tp_f(c), tp_b(c) = the
   resharding the placements imply, forward and backward; send(c) = the stage's output
   activation split over its devices (Megatron's scatter/gather), to the next stage.
 * Collectives of one kind along one mesh axis in one layer and direction are costed as one

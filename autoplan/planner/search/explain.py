@@ -1,9 +1,9 @@
 """Why was this placement chosen? Each op group priced against its alternatives.
 
 For a stage of a search result, the intra-op ILP of that stage (:func:`~autoplan.planner.
-compose.build_problem`: its layers, logical mesh, micro-batches, ZeRO stage, recomputation
+search.compose.build_problem`: its layers, logical mesh, micro-batches, ZeRO stage, recomputation
 and memory budget) is rebuilt, the chosen layouts are written as its solution, and
-:func:`~autoplan.planner.intra_op.explain` prices every alternative placement of a group
+:func:`~autoplan.planner.search.intra_op.explain` prices every alternative placement of a group
 with the rest held fixed: the difference in the step-time objective (compute, resharding,
 gradient synchronisation, optimizer) and in memory per device, and whether it would fit.
 """

@@ -10,7 +10,7 @@ all-gather (``KindGraph.reshard``); a Partial input it cannot take keeps it an a
 all-reduce or a reduce-scatter is then the ILP's choice). A view of a parameter
 (``t(weight)``) joins the parameter. Only group anchors become ILP variables.
 
-The candidate strategies of each op come from :mod:`autoplan.planner.strategies` (DTensor's
+The candidate strategies of each op come from :mod:`autoplan.planner.search.strategies` (DTensor's
 registry asked on a probe mesh); this module wires them into a :class:`KindGraph`.
 """
 

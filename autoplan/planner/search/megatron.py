@@ -113,7 +113,7 @@ def _member_ok(graph: OpGraph, kg, names, pos: int, k: int, dp: int, tp: int, sp
 
 def uniform_choice(ev, parallel) -> "PipelineChoice":
     """The uniform configuration ``parallel`` (a :class:`~autoplan.plan.ParallelConfig`) as
-    the search's :class:`~autoplan.planner.evaluate.PipelineChoice`: the Estimator's chunks
+    the search's :class:`~autoplan.planner.search.evaluate.PipelineChoice`: the Estimator's chunks
     (:func:`~autoplan.planner.build.split_layers`), each on a ``(dp, tp)`` mesh with the
     cheapest Megatron layout (the ILP restricted by :func:`megatron_restrict`; under
     sequence parallelism with the embeddings replicated, as the grid prices them)."""

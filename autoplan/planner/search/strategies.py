@@ -1,6 +1,6 @@
 """Candidate placements of every op, from DTensor's own sharding-strategy registry.
 
-For each op of a representative layer (:mod:`autoplan.planner.record`) this module asks
+For each op of a representative layer (:mod:`autoplan.planner.search.record`) this module asks
 DTensor which placements the op admits on a 2-D device mesh, exactly as DTensor's sharding
 propagator would: ``ShardingPropagator.op_strategy_funcs[op]`` (full-mesh strategy
 functions) or ``op_single_dim_strategy_funcs[op]`` expanded over the mesh dims
@@ -16,7 +16,7 @@ Replicate, Shard or Partial (Alpa's space: Partial inputs only for parameters â€
 row-parallel bias â€” and for views, which pass a partial sum on; ``_StridedShard`` layouts are
 dropped). Ops the registry does not cover (factory ops such as
 ``arange``), or whose strategy function fails on the probe, get one strategy: everything
-replicated (``Strategy.covered`` is False; :mod:`autoplan.planner.explain` lists them).
+replicated (``Strategy.covered`` is False; :mod:`autoplan.planner.search.explain` lists them).
 """
 
 from __future__ import annotations

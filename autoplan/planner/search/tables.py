@@ -1,8 +1,8 @@
 """Stage latency tables for the inter-op DP: every unit range on every submesh at once.
 
 For one logical mesh and micro-batch, each layer kind has a few candidate *layouts* (one
-placement per op group, :mod:`autoplan.planner.library`). :func:`kind_table` prices each
-layout per layer with :class:`~autoplan.planner.evaluate.Evaluator`'s pieces: compute,
+placement per op group, :mod:`autoplan.planner.search.library`). :func:`kind_table` prices each
+layout per layer with :class:`~autoplan.planner.search.evaluate.Evaluator`'s pieces: compute,
 layer communication (bucketed as the evaluator does), activations, parameters per sync
 bucket. A stage's configuration is then a *combo* (lambda, ZeRO stage z, recomputation):
 each kind takes the layout minimising
