@@ -127,3 +127,15 @@ def test_placement_strings_are_parsed_in_one_module(graph):
                             w in arg.value for w in _PLACEMENT_WORDS):
                         found.append(f"{name}:{node.lineno} .{node.func.attr}({arg.value!r})")
     assert not found, "placement strings parsed outside autoplan.placement: " + "; ".join(found)
+
+
+def test_test_tiers_name_real_files():
+    """tests/conftest.py gives each test one tier; the files it names for the fake-process-
+    group tier exist, and every test file starting a fake process group is among them."""
+    from conftest import FAKEPG_FILES
+
+    tests = ROOT / "tests"
+    assert all((tests / name).is_file() for name in FAKEPG_FILES), sorted(FAKEPG_FILES)
+    fake = {p.name for p in tests.glob("test_*.py")
+            if "FakeStore" + "()" in p.read_text() and not p.name.startswith("test_fuzz_")}
+    assert fake <= FAKEPG_FILES, sorted(fake - FAKEPG_FILES)
