@@ -58,14 +58,15 @@ def adapted(spec: "ModelSpec") -> bool:
 
 
 def forced_runtime(plan: "Plan") -> str | None:
-    """``planner["runtime"]`` when the plan names one of :data:`RUNTIMES`."""
-    forced = plan.planner.get("runtime") if isinstance(plan.planner, dict) else None
-    return forced if forced in RUNTIMES else None
+    """The runtime the plan names in its typed ``runtime`` field (validated at load), or
+    None: the engine chooses."""
+    return plan.runtime if plan.runtime in RUNTIMES else None
 
 
 def runtime_for(spec: "ModelSpec", plan: "Plan") -> str:
     """``"generic"`` for a model no adapted runtime knows (or a plan forcing it); otherwise
-    ``"adapted"``: the engine then chooses ``uniform`` or ``per_op`` from the placements."""
+    the runtime the plan forces, or ``"adapted"``: the engine then chooses ``uniform`` or
+    ``per_op`` from the placements."""
     forced = forced_runtime(plan)
     if forced == "generic" or not adapted(spec):
         return "generic"

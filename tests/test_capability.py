@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from autoplan.capability import needs_per_op, per_op_gap, uniform_gap
+from autoplan.capability import needs_per_op, per_op_gap, runtime_for, uniform_gap
 from autoplan.models.registry import ModelSpec
 from autoplan.placement import PlacementError
 from engine_helpers import make_plan
@@ -58,3 +58,10 @@ def test_engine_agrees_where_the_data_decides():
     for p in (plan, split, dataclasses.replace(plan, runtime="per_op")):
         assert runs_per_op(p) == needs_per_op(p)
     assert per_op_reason(split) == uniform_gap(split)
+
+
+def test_the_runtime_a_plan_forces_is_its_typed_field():
+    plan = make_plan(dp=2)
+    assert runtime_for(GPT, plan) == "adapted"
+    assert runtime_for(GPT, dataclasses.replace(plan, runtime="per_op")) == "per_op"
+    assert runtime_for(ModelSpec("builtin", "mlp", {}), plan) == "generic"
