@@ -16,9 +16,10 @@ plan (JSON)         compact        meaning
 
 The plan writes the first column (:func:`plan_text`; :func:`check_plan_text` is what a plan
 accepts); the search works on the second (:func:`compact`); people read a third, shorter one
-(:func:`short`: ``R``, ``S(d)``, ``S~(d)``, ``P``); the engine turns a :class:`Placement`
-into DTensor's objects (``engine.placements.to_dtensor``). Parsing is cached per string (the
-search asks about the same few placements millions of times).
+(:func:`short`: ``R``, ``S(d)``, ``S~(d)``, ``P``); the search and the engine turn a
+:class:`Placement` into DTensor's objects (:func:`autoplan.placement_dtensor.to_dtensor`).
+Parsing is cached per string (the search asks about the same few placements millions of
+times).
 """
 
 from __future__ import annotations
