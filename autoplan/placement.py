@@ -18,8 +18,8 @@ The plan writes the first column (:func:`plan_text`; :func:`check_plan_text` is 
 accepts); the search works on the second (:func:`compact`); people read a third, shorter one
 (:func:`short`: ``R``, ``S(d)``, ``S~(d)``, ``P``); the search and the engine turn a
 :class:`Placement` into DTensor's objects (:func:`autoplan.placement_dtensor.to_dtensor`).
-Parsing is cached per string (the search asks about the same few placements millions of
-times).
+Parsing is cached per string (the search's cost tables ask about the same few placements
+over and over).
 """
 
 from __future__ import annotations
