@@ -1,6 +1,6 @@
 """A search plan's placements as DTensor objects, on a stage's own submesh.
 
-A search plan (``planner.name == "auto"``, :mod:`autoplan.planner.to_plan`) says, per stage:
+A search plan (``planner.name == "auto"``, :mod:`autoplan.planner.search.to_plan`) says, per stage:
 the ranks and the shape of its logical mesh (``mesh_shape``, ``axis_names``), the placement
 each parameter is computed with on every axis (``param_placements[fqn][axis]``), the axes
 the batch is split along (``data_axes``), and the placement the search chose for the output
