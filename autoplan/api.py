@@ -10,7 +10,7 @@
                              tp=4, pp=1, micro_batch=2, checkpoint="full")
 
 ``optimize`` runs the Alpa-style search by default (``planner="auto"``,
-:mod:`autoplan.planner.search`) with the uniform grid beside it, whose best configuration the
+:mod:`autoplan.planner.search.search`) with the uniform grid beside it, whose best configuration the
 plan keeps as ``comparison`` (the search's plan is never predicted slower). The engine runs
 search plans (:mod:`engine.staged`); for a model whose search plans it cannot run yet (a
 Hugging Face model, tied embeddings, Llama-style weights sharded per op) ``optimize`` does
@@ -34,8 +34,8 @@ from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec, default_seq_len, resolve
 from autoplan.plan import ParallelConfig, Plan
 from autoplan.planner.build import build_plan
-from autoplan.planner.estimate import Estimator, fits
-from autoplan.planner.uniform import SearchResult, SearchSpace, search_uniform
+from autoplan.planner.grid.estimate import Estimator, fits
+from autoplan.planner.grid.uniform import SearchResult, SearchSpace, search_uniform
 from autoplan.precision import default_for
 from autoplan.precision import precision as precision_named
 
@@ -252,9 +252,9 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     from autoplan.display import prediction_dict
     from autoplan.errors import InfeasibleError
     from autoplan.models.capabilities import capabilities
-    from autoplan.planner.megatron import uniform_choice
-    from autoplan.planner.search import Candidate, SearchOptions, search
-    from autoplan.planner.to_plan import build_search_plan
+    from autoplan.planner.search.megatron import uniform_choice
+    from autoplan.planner.search.search import Candidate, SearchOptions, search
+    from autoplan.planner.search.to_plan import build_search_plan
 
     gap = search_gap(problem.spec)
     uniform = uniform_plan = None
@@ -340,36 +340,28 @@ def search_gap(spec: ModelSpec) -> str | None:
     is paper either way). Such a plan would be replaced by the grid's best after the search
     (:func:`_engine_gap`), so the search is not run. A plan sharding some weight stands for
     the search's plans: the search shards weights whenever it pays (the only plans it
-    would keep are those the uniform runtime also expresses, which the grid finds)."""
+    would keep are those the uniform runtime also expresses, which the grid finds).
+    Decided from the model spec as data (:mod:`autoplan.capability`)."""
     from types import SimpleNamespace
 
-    from autoplan.errors import PlanError
+    from autoplan.capability import adapted, per_op_gap
+    from autoplan.placement import shard_text
 
-    try:
-        from engine.model import check_supported
-        from engine.staged import per_op_gap
-
-        check_supported(spec)
-    except (PlanError, ImportError):
+    if not adapted(spec):
         return None
-    sharded = SimpleNamespace(param_placements={"<any weight>": {"tp": "Shard(0)"}})
+    sharded = SimpleNamespace(param_placements={"<any weight>": {"tp": shard_text(0)}})
     return per_op_gap(spec) or per_op_gap(spec, sharded)
 
 
 def _engine_gap(spec: ModelSpec, plan: Plan) -> str | None:
     """Why the engine cannot run ``plan`` of a model it runs otherwise (None: it can, or it
-    runs no plan of this model at all)."""
-    from autoplan.errors import PlanError
+    runs no plan of this model at all), from the plan and the spec as data."""
+    from autoplan.capability import adapted, needs_per_op, per_op_gap
 
-    try:
-        from engine.model import check_supported
-        from engine.staged import per_op_gap, runs_per_op
-
-        check_supported(spec)
-    except (PlanError, ImportError):
+    if not adapted(spec):
         return None
     gap = per_op_gap(spec, plan)
-    return gap if gap and runs_per_op(plan, spec) else None
+    return gap if gap and needs_per_op(plan) else None
 
 
 def optimize(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch: int,
@@ -385,7 +377,7 @@ def optimize(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch
     ``model(*example_inputs)`` returns the training loss. ``cluster``: a preset
     name ("dgx-a100"), a YAML path, or a Cluster; ``nodes`` overrides its node count.
     ``planner``: ``"auto"`` (default: the Alpa-style search, with the grid's best as its
-    comparison and floor; ``options`` is its :class:`~autoplan.planner.search.SearchOptions`)
+    comparison and floor; ``options`` is its :class:`~autoplan.planner.search.search.SearchOptions`)
     or ``"uniform"`` (the grid of uniform configurations alone, restricted by ``space``).
     Raises InfeasibleError (with the memory it would need) if nothing fits.
     """

@@ -51,6 +51,7 @@ from autoplan.cost.calibration import (TERMS, Calibration, calibration_path, des
                                        fit_memory_factor, fit_time_factors)
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, Prediction
+from autoplan.precision import PRECISIONS, priced_as
 
 SUMMARY, METRICS = "summary.json", "metrics.jsonl"
 
@@ -190,7 +191,7 @@ class Reestimator:
         key = json.dumps([plan.model, plan.seq_len, precision], sort_keys=True)
         if key not in self._graphs:
             spec = ModelSpec.from_dict(plan.model)
-            dtype = torch.bfloat16 if precision == "mixed" else torch.float32
+            dtype = getattr(torch, PRECISIONS[precision].compute)
             self._graphs[key] = trace(spec, 1, plan.seq_len, dtype=dtype)
         return self._graphs[key]
 
@@ -202,10 +203,10 @@ class Reestimator:
         use_load = self.use_load if use_load is None else use_load
         from autoplan.cluster import Cluster
         from autoplan.cost.profiled import cost_models_for
-        from autoplan.planner.estimate import Estimator
+        from autoplan.planner.grid.estimate import Estimator
 
         plan = run.plan
-        precision = "mixed" if plan.precision.get("compute") == "bfloat16" else "fp32"
+        precision = priced_as(plan.precision).name
         cluster = Cluster.from_dict(plan.cluster, source=str(run.plan_path))
         if cores is None and use_load and run.load is not None:
             cores = available_cores(run.load, cluster, self.profiles_dir)

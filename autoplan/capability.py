@@ -11,7 +11,9 @@ Runtimes:
   parallelism, pipelines of any schedule, ZeRO 0-3; the only runtime for expert (``ep``) and
   context (``cp``) parallelism (:mod:`engine.expert_parallel`).
 * ``per_op`` — :mod:`engine.staged`, for search plans of the built-in GPT whose placements
-  the uniform layout cannot express (chosen by the engine, :func:`engine.staged.runs_per_op`).
+  the uniform layout cannot express (:func:`uniform_gap` names what; the engine adds the
+  checks that need the real modules, :func:`engine.staged.runs_per_op`). What it does not
+  run yet is :func:`per_op_gap`'s.
 * ``generic`` — :mod:`engine.generic`, every other model: any Hugging Face architecture or
   task, ``import:`` modules, a user's module through :func:`autoplan.parallelize`.
 
@@ -36,6 +38,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autoplan.placement import REPLICATE, REPLICATED, parse
+
 if TYPE_CHECKING:                      # pragma: no cover
     from autoplan.models.registry import ModelSpec
     from autoplan.plan import Plan
@@ -44,6 +48,8 @@ if TYPE_CHECKING:                      # pragma: no cover
 #: ``ARCHITECTURES``; ``tests/test_engine_generic.py`` checks they agree).
 ADAPTED_HF = ("gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen3_moe")
 RUNTIMES = ("uniform", "per_op", "generic")
+#: The dtypes every runtime computes, stores and reduces in (no float16: no loss scaling).
+ENGINE_DTYPES = ("float32", "bfloat16")
 
 
 def adapted(spec: "ModelSpec") -> bool:
@@ -53,14 +59,15 @@ def adapted(spec: "ModelSpec") -> bool:
 
 
 def forced_runtime(plan: "Plan") -> str | None:
-    """``planner["runtime"]`` when the plan names one of :data:`RUNTIMES`."""
-    forced = plan.planner.get("runtime") if isinstance(plan.planner, dict) else None
-    return forced if forced in RUNTIMES else None
+    """The runtime the plan names in its typed ``runtime`` field (validated at load), or
+    None: the engine chooses."""
+    return plan.runtime if plan.runtime in RUNTIMES else None
 
 
 def runtime_for(spec: "ModelSpec", plan: "Plan") -> str:
     """``"generic"`` for a model no adapted runtime knows (or a plan forcing it); otherwise
-    ``"adapted"``: the engine then chooses ``uniform`` or ``per_op`` from the placements."""
+    the runtime the plan forces, or ``"adapted"``: the engine then chooses ``uniform`` or
+    ``per_op`` from the placements."""
     forced = forced_runtime(plan)
     if forced == "generic" or not adapted(spec):
         return "generic"
@@ -79,7 +86,7 @@ def generic_gap(plan: "Plan") -> str | None:
             return (f"field 'stages[{st.index}].data_axes': the generic runtime splits the "
                     f"batch along dp only, not {extra}")
     for fqn, axes in sorted(plan.param_placements.items()):
-        if axes.get("dp", "Replicate()") != "Replicate()" and p.zero != 3:
+        if parse(axes.get("dp", REPLICATED)).kind != REPLICATE and p.zero != 3:
             return (f"field 'param_placements.{fqn}.dp': {axes['dp']} needs ZeRO-3 on the "
                     "generic runtime")
     if p.sequence_parallel and p.tp > 1:
@@ -104,9 +111,51 @@ def generic_gap(plan: "Plan") -> str | None:
         return (f"field 'global_batch': {plan.global_batch} does not split into dp={p.dp} x "
                 f"{p.num_micro_batches} micro-batches")
     for key in ("params", "compute", "reduce"):
-        if plan.precision.get(key, "float32") not in ("float32", "bfloat16"):
-            return f"field 'precision.{key}': the engine runs float32 and bfloat16"
+        if plan.precision.get(key, "float32") not in ENGINE_DTYPES:
+            return f"field 'precision.{key}': the engine runs {' and '.join(ENGINE_DTYPES)}"
     return None
+
+
+def per_op_gap(spec: "ModelSpec", plan: "Plan | None" = None) -> str | None:
+    """Why the per-op runtime cannot run ``spec`` (or ``plan`` of it; None: it can). It runs
+    the built-in GPT with untied embeddings (``tie_embeddings``, False unless the model's
+    config says so) and shards Llama-style weights not yet (DTensor cannot reshape the
+    head-sharded attention output after the rotary embedding)."""
+    if spec.source != "builtin" or spec.name != "gpt":
+        return f"the per-op runtime runs built-in GPT models, not {spec.source}:{spec.name}"
+    if spec.config.get("tie_embeddings", False):
+        return "the per-op runtime does not run tied embeddings yet"
+    if plan is not None and spec.config.get("style") == "llama" and any(
+            parse(v).kind != REPLICATE for axes in plan.param_placements.values()
+            for v in axes.values()):
+        return "the per-op runtime does not shard Llama-style weights yet"
+    return None
+
+
+def uniform_gap(plan: "Plan") -> str | None:
+    """What in ``plan`` the uniform (pp, dp, tp) layout cannot express, read from the plan
+    alone (None: nothing): stage submeshes of their own shapes, the batch split along more
+    than ``dp``, a weight sharded along ``dp`` (ZeRO-3's at-rest shard is the runtime's, not
+    the plan's). The engine adds what needs the model's modules (a placement its
+    tensor-parallel styles cannot apply: :func:`engine.validate.check_engine_support`)."""
+    if plan.layout == "stages":
+        return "its stages sit on submeshes of their own shapes"
+    for st in plan.stages:
+        extra = sorted(set(st.data_axes) - {"dp"})
+        if extra:
+            return f"stage {st.index} splits the batch along {extra} too"
+    for fqn, axes in sorted(plan.param_placements.items()):
+        if parse(axes.get("dp", REPLICATED), f"param_placements.{fqn}.dp").kind != REPLICATE:
+            return f"weight {fqn} is {axes['dp']} along the data-parallel axis"
+    return None
+
+
+def needs_per_op(plan: "Plan") -> bool:
+    """Whether ``plan`` runs on the per-op runtime as far as the plan's data tells:
+    ``plan.runtime`` when it names one, else a search plan with a :func:`uniform_gap`."""
+    if plan.runtime is not None:
+        return plan.runtime == "per_op"
+    return plan.planner.name == "auto" and uniform_gap(plan) is not None
 
 
 def generic_flags() -> dict[str, bool]:

@@ -287,7 +287,7 @@ def _progress_search(problem, space=None, top_k: int = 5, quiet: bool = False):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from autoplan.api import head_counts, plan_problem, runnable_space
-    from autoplan.planner.uniform import SearchSpace, enumerate_configs
+    from autoplan.planner.grid.uniform import SearchSpace, enumerate_configs
 
     space = space or SearchSpace()
     total = sum(1 for _ in enumerate_configs(problem.graph, problem.cluster,

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from autoplan.placement import short
 from autoplan.plan import Plan, Prediction
 
 GB = 1e9
@@ -208,10 +209,7 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
 
 def _short(placements: dict[str, str]) -> str:
     """{'dp': 'Replicate()', 'tp': 'Shard(0)'} -> 'dp:R tp:S(0)'."""
-    def one(p: str) -> str:
-        return {"Replicate()": "R", "Partial()": "P"}.get(
-            p, p.replace("Shard(", "S(").replace("_StridedShard(", "S~("))
-    return " ".join(f"{a}:{one(p)}" for a, p in placements.items())
+    return " ".join(f"{a}:{short(p)}" for a, p in placements.items())
 
 
 def params_by_layer(plan: Plan) -> dict[str | None, list[str]]:

@@ -14,13 +14,17 @@ plan (JSON)         compact        meaning
 ``Partial()``       ``P``          each device holds a summand (``Partial(avg)`` too)
 ==================  =============  =========================================================
 
-The plan writes the first column (:func:`plan_text`); the search works on the second
-(:func:`compact`); the engine turns a :class:`Placement` into DTensor's objects
-(``engine.placements.to_dtensor``).
+The plan writes the first column (:func:`plan_text`; :func:`check_plan_text` is what a plan
+accepts); the search works on the second (:func:`compact`); people read a third, shorter one
+(:func:`short`: ``R``, ``S(d)``, ``S~(d)``, ``P``); the search and the engine turn a
+:class:`Placement` into DTensor's objects (:func:`autoplan.placement_dtensor.to_dtensor`).
+Parsing is cached per string (the search's cost tables ask about the same few placements
+over and over).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -57,41 +61,55 @@ def parse(text: str, where: str = "placement", *, partial: bool = True,
     """Either spelling -> :class:`Placement`; ``where`` names the field in the error.
     ``partial`` / ``strided`` False refuse those kinds (a parameter is never stored as a
     partial sum or a strided shard)."""
-    if not isinstance(text, str):
-        raise PlacementError(f"{where}: {text!r} is not a placement string")
-    s = text.strip()
-    m = _COMPACT.match(s)
-    if m:
-        if s == "R":
-            p = Placement(REPLICATE)
-        elif s == "P":
-            p = Placement(PARTIAL)
-        else:
-            p = Placement(SHARD, int(m.group(2)), int(m.group(3)) if m.group(3) else None)
-    else:
-        m = _PLAN.match(s)
-        if m is None:
-            raise PlacementError(f"{where}: {text!r} is not a placement (Replicate(), "
-                                 "Shard(d), Partial() or _StridedShard(d))")
-        kind, arg, factor = m.groups()
-        if kind == "Replicate" and not arg and not factor:
-            p = Placement(REPLICATE)
-        elif kind == "Partial" and arg in _REDUCE_OPS and not factor:
-            p = Placement(PARTIAL, reduce=arg or "sum")
-        elif kind in ("Shard", "_StridedShard") and arg.lstrip("-").isdigit():
-            if int(arg) < 0:
-                raise PlacementError(f"{where}: {text!r} shards a negative dimension")
-            if kind == "Shard" and factor:
-                raise PlacementError(f"{where}: {text!r}: Shard takes one argument")
-            p = Placement(SHARD, int(arg), int(factor) if factor else
-                          (0 if kind == "_StridedShard" else None))
-        else:
-            raise PlacementError(f"{where}: {text!r} is not a placement (Replicate(), "
-                                 "Shard(d), Partial() or _StridedShard(d))")
+    p = _parse(text) if isinstance(text, str) else None
+    if not isinstance(p, Placement):
+        raise PlacementError(f"{where}: {text!r} " + (p or "is not a placement string"))
     if p.kind == PARTIAL and not partial:
         raise PlacementError(f"{where}: {text!r}: a partial sum is not allowed here")
     if p.strided and not strided:
         raise PlacementError(f"{where}: {text!r}: a strided shard is not allowed here")
+    return p
+
+
+_NOT_ONE = "is not a placement (Replicate(), Shard(d), Partial() or _StridedShard(d))"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(s: str) -> Placement | str:
+    """The placement ``s`` spells, or what is wrong with it (cached: strings are few)."""
+    s = s.strip()
+    m = _COMPACT.match(s)
+    if m:
+        if s == "R":
+            return Placement(REPLICATE)
+        if s == "P":
+            return Placement(PARTIAL)
+        return Placement(SHARD, int(m.group(2)), int(m.group(3)) if m.group(3) else None)
+    m = _PLAN.match(s)
+    if m is None:
+        return _NOT_ONE
+    kind, arg, factor = m.groups()
+    if kind == "Replicate" and not arg and not factor:
+        return Placement(REPLICATE)
+    if kind == "Partial" and arg in _REDUCE_OPS and not factor:
+        return Placement(PARTIAL, reduce=arg or "sum")
+    if kind in ("Shard", "_StridedShard") and arg.lstrip("-").isdigit():
+        if int(arg) < 0:
+            return "shards a negative dimension"
+        if kind == "Shard" and factor:
+            return "takes one argument (Shard(d))"
+        return Placement(SHARD, int(arg), int(factor) if factor else
+                         (0 if kind == "_StridedShard" else None))
+    return _NOT_ONE
+
+
+def check_plan_text(text: str, where: str, *, strided: bool = True) -> Placement:
+    """A placement as a plan writes it (the DTensor spelling, :func:`plan_text`; ``Partial``
+    may name its reduction): anything else is a PlacementError naming ``where``."""
+    p = parse(text, where, strided=strided)
+    if text != plan_text(p) and not (p.kind == PARTIAL and text.startswith("Partial(")):
+        raise PlacementError(f"{where}: {text!r} is not written as a plan writes it "
+                             f"({plan_text(p)!r})")
     return p
 
 
@@ -113,6 +131,22 @@ def plan_text(p: Placement) -> str:
     return f"_StridedShard({p.dim})" if p.strided else f"Shard({p.dim})"
 
 
+def short(text: str) -> str:
+    """Either spelling -> ``R``, ``S(d)``, ``S~(d)`` or ``P`` (tables shown to people)."""
+    p = parse(text)
+    if p.kind == SHARD:
+        return f"S~({p.dim})" if p.strided else f"S({p.dim})"
+    return p.kind
+
+
+def shard_text(dim: int) -> str:
+    """``Shard(dim)`` as the plan writes it."""
+    return plan_text(Placement(SHARD, dim))
+
+
+REPLICATED = plan_text(Placement(REPLICATE))      # "Replicate()"
+
+
 def to_plan_text(text: str, where: str = "placement") -> str:
     """Normalise either spelling to the plan's."""
     return plan_text(parse(text, where))
@@ -125,5 +159,7 @@ def to_compact(text: str, where: str = "placement") -> str:
 
 def shard_dim(text: str) -> int | None:
     """The tensor dimension a placement (either spelling) shards, or None."""
-    p = parse(text)
+    p = _parse(text)
+    if not isinstance(p, Placement):
+        p = parse(text)
     return p.dim if p.is_shard else None

@@ -17,7 +17,7 @@ A plan is written by a planner (:mod:`autoplan.planner`), read by the engine
 Files are written atomically (temp file + ``os.replace``), keys sorted, no timestamps, so the
 same inputs give a byte-identical file. Loading validates everything and names the field.
 
-Version 2 (written by the search planner, :mod:`autoplan.planner.search`) adds, all optional,
+Version 2 (written by the search planner, :mod:`autoplan.planner.search.search`) adds, all optional,
 so version-1 files load unchanged (and are held, and saved again, as version 2):
 
 * ``layout``: ``"uniform"`` — one ``(pp, dp, tp)`` mesh, every stage on a ``(dp, tp)``
@@ -62,13 +62,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
 from autoplan import plan_fields as pf
 from autoplan.errors import PlanError
+from autoplan.placement import REPLICATED, PlacementError, check_plan_text, shard_dim
 from autoplan.plan_fields import (MAX_COUNT, MAX_DEPTH, MAX_DEVICES, MAX_FIGURE,  # noqa: F401
                                   atomic_write_bytes, atomic_write_text)
 from autoplan.plan_meta import RUNTIMES, PlannerInfo, check_runtime, split_runtime  # noqa: F401
@@ -80,9 +80,6 @@ from autoplan.trust import check_plan_names
 
 PLAN_FORMAT = "autoplan.plan"
 LAYOUTS = ("uniform", "stages")
-_PLACEMENT = re.compile(r"^(Replicate\(\)|Shard\(-?\d+\)|Partial\(\w*\))$")
-_ACT_PLACEMENT = re.compile(r"^(Replicate\(\)|Shard\(-?\d+\)|Partial\(\w*\)|"
-                            r"_StridedShard\(-?\d+\))$")
 PRECISION_KEYS = ("params", "compute", "reduce")
 
 
@@ -133,7 +130,8 @@ class Plan:
         out = self.parallel.label()
         p = self.parallel
         if p.tp > 1 and self.param_placements and not any(
-                axes.get("tp", "").startswith("Shard") for axes in self.param_placements.values()):
+                shard_dim(axes.get("tp", REPLICATED)) is not None
+                for axes in self.param_placements.values()):
             out = out.replace(f"tp{p.tp}", f"tp{p.tp}(repl)", 1)
         return out
 
@@ -190,10 +188,7 @@ class Plan:
                 if axis not in known_axes:
                     raise PlanError(f"field 'param_placements.{name}': unknown mesh axis "
                                     f"{pf.show.repr(axis)}")
-                if not isinstance(placement, str) or not _PLACEMENT.match(placement):
-                    raise PlanError(f"field 'param_placements.{name}.{axis}': "
-                                    f"{pf.show.repr(placement)} is not Replicate(), Shard(d) or "
-                                    "Partial()")
+                _placement(placement, f"param_placements.{name}.{axis}", strided=False)
         if self.prediction is not None:
             pf.finite_tree(self.prediction.to_dict(), "prediction")
 
@@ -224,9 +219,7 @@ class Plan:
                 if axis not in st.axis_names:
                     raise PlanError(f"field '{where}.activation_placements.{op}': unknown axis "
                                     f"{pf.show.repr(axis)}")
-                if not isinstance(placement, str) or not _ACT_PLACEMENT.match(placement):
-                    raise PlanError(f"field '{where}.activation_placements.{op}.{axis}': "
-                                    f"{pf.show.repr(placement)} is not a DTensor placement")
+                _placement(placement, f"{where}.activation_placements.{op}.{axis}")
 
     # ---- JSON ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -396,6 +389,16 @@ class Plan:
 
 
 # ---- loading: sections that need the plan's own types --------------------------------------
+
+def _placement(text: Any, where: str, *, strided: bool = True) -> None:
+    """A placement as the plan writes it (:func:`autoplan.placement.check_plan_text`)."""
+    try:
+        check_plan_text(text, where, strided=strided)
+    except PlacementError:
+        kinds = "Replicate(), Shard(d), Partial()" + (" or _StridedShard(d)" if strided else "")
+        raise PlanError(f"field '{where}': {pf.show.repr(text)} is not a placement as a plan "
+                        f"writes it ({kinds})") from None
+
 
 def _nested_error(exc: Exception, prefix: str, source: str) -> PlanError:
     """A ConfigError of an embedded section (cluster, model) as a PlanError whose field

@@ -83,6 +83,12 @@ def from_plan(d: dict) -> Precision:
     return from_dtype(d.get("compute", "float32"))
 
 
+def priced_as(d: dict) -> Precision:
+    """The precision a plan's ``precision`` dict is priced with: its own (every tabled
+    precision, ``mixed-fp16`` included, is priced by the cost model)."""
+    return from_plan(d)
+
+
 def default_for(device_name: str, *, bf16: bool = True) -> Precision:
     """fp32 on CPU ranks; bf16 mixed precision on GPUs that have bf16, fp16 otherwise."""
     if device_name.lower().startswith("cpu"):

@@ -47,7 +47,7 @@ def eq3_flops(batch: int, layers: int, hidden: int, seq: int = SEQ, vocab: int =
 def main() -> int:
     from autoplan.api import plan_problem, prepare
     from autoplan.models import resolve
-    from autoplan.planner.uniform import SearchSpace
+    from autoplan.planner.grid.uniform import SearchSpace
 
     rows, measurements, targets = [], [], []
     for name, heads, hidden, layers, tp, pp, gpus, batch, published in RUNS:

@@ -154,7 +154,7 @@ def main() -> int:
     infeasible = QUICK_INFEASIBLE if args.quick else INFEASIBLE
 
     _run(["-m", "autoplan.cli", "--help"], code)      # warm-up: imports, bytecode caches
-    _run(["-c", "import autoplan.api, autoplan.planner.search, autoplan.display"], code)
+    _run(["-c", "import autoplan.api, autoplan.planner.search.search, autoplan.display"], code)
     traces = [] if args.quick else [run_trace("gpt3-175b", code) for _ in range(repeats)]
     helps = [run_help(code) for _ in range(max(repeats, 3))]
     rejects = [run_infeasible(*infeasible[1:], code) for _ in range(repeats)]

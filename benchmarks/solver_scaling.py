@@ -51,8 +51,8 @@ QUICK_RUNS = [("gpt-tiny", 1, 16, None)]
 
 def measure(name: str, nodes: int, batch: int, repeats: int) -> dict:
     from autoplan.api import plan_problem, prepare
-    from autoplan.planner.search import search
-    from autoplan.planner.to_plan import choice_label
+    from autoplan.planner.search.search import search
+    from autoplan.planner.search.to_plan import choice_label
 
     c0 = time.process_time()
     problem = prepare(name, "dgx-a100", nodes=nodes, global_batch=batch)

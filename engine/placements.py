@@ -1,6 +1,6 @@
 """A search plan's placements as DTensor objects, on a stage's own submesh.
 
-A search plan (``planner.name == "auto"``, :mod:`autoplan.planner.to_plan`) says, per stage:
+A search plan (``planner.name == "auto"``, :mod:`autoplan.planner.search.to_plan`) says, per stage:
 the ranks and the shape of its logical mesh (``mesh_shape``, ``axis_names``), the placement
 each parameter is computed with on every axis (``param_placements[fqn][axis]``), the axes
 the batch is split along (``data_axes``), and the placement the search chose for the output
@@ -26,7 +26,6 @@ that ``scaled_dot_product_attention`` runs on CPU; :func:`register_cpu_attention
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,28 +36,22 @@ from torch.distributed.tensor import (DTensor, Partial, Placement, Replicate, Sh
                                       distribute_tensor)
 
 from autoplan.errors import PlanError
+from autoplan.placement import REPLICATED, PlacementError, parse
+from autoplan.placement_dtensor import to_dtensor
 from autoplan.plan import Plan, Stage
 from engine.tensor_parallel import parse_placement
 
-_PLACEMENT = re.compile(r"^(Replicate|Shard|Partial|_StridedShard)\((\w*|-?\d+)\)$")
-
 
 def parse_activation(text: str, where: str) -> Placement | None:
-    """``"Shard(1)"`` -> ``Shard(1)``; None for ``_StridedShard(d)`` (a flattened dimension
-    sharded along its inner factor: its rows are not a contiguous block, so the engine lets
-    DTensor choose rather than force it); ``where`` names the plan field in errors."""
-    m = _PLACEMENT.match(text.strip()) if isinstance(text, str) else None
-    if m is None:
-        raise PlanError(f"field '{where}': {text!r} is not a placement "
-                        "(Replicate(), Shard(d), Partial())")
-    kind, arg = m.groups()
-    if kind == "Replicate":
-        return Replicate()
-    if kind == "Partial":
-        return Partial(arg or "sum")
-    if kind == "_StridedShard":
-        return None
-    return Shard(int(arg))
+    """``"Shard(1)"`` -> ``Shard(1)`` (:mod:`autoplan.placement` parses it); None for
+    ``_StridedShard(d)`` (a flattened dimension sharded along its inner factor: its rows are
+    not a contiguous block, so the engine lets DTensor choose rather than force it);
+    ``where`` names the plan field in errors."""
+    try:
+        p = parse(text, f"field '{where}'")
+    except PlacementError as exc:
+        raise PlanError(str(exc)) from None
+    return None if p.strided else to_dtensor(p)
 
 
 @dataclass(frozen=True)
@@ -127,7 +120,7 @@ def batch_rows(sm: StageMesh, rank: int, micro_batch: int) -> tuple[int, int]:
 def param_placements(plan: Plan, st: Stage, fqn: str) -> tuple[Placement, ...]:
     """The placements ``fqn`` is computed with on ``st``'s axes (absent: replicated)."""
     axes = plan.param_placements.get(fqn, {})
-    return tuple(parse_placement(axes.get(a, "Replicate()"), f"{fqn}.{a}")
+    return tuple(parse_placement(axes.get(a, REPLICATED), f"{fqn}.{a}")
                  for a in st.axis_names)
 
 
@@ -170,7 +163,7 @@ def activation_hooks(chunk: nn.Module, st: Stage, sm: StageMesh,
         if op not in op_modules:
             continue
         fqn, op_rank, out_rank = op_modules[op]
-        pl = tuple(parse_activation(axes.get(a, "Replicate()"),
+        pl = tuple(parse_activation(axes.get(a, REPLICATED),
                                     f"stages[{st.index}].activation_placements.{op}.{a}")
                    for a in st.axis_names)
         if None in pl:

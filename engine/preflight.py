@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError, PlanError
+from autoplan.capability import ENGINE_DTYPES
 
 #: Largest step counts taken (the loop is O(steps); 2**31 steps is far past any run).
 MAX_STEPS = 2 ** 31
@@ -36,7 +37,7 @@ MAX_STEPS = 2 ** 31
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 #: Bytes kept free besides a checkpoint (metrics, summary, the manifest).
 SPARE_BYTES = 16 << 20
-SUPPORTED_DTYPES = ("float32", "bfloat16")
+SUPPORTED_DTYPES = ENGINE_DTYPES
 
 
 def check_run_options(cfg: Any) -> None:

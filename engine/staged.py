@@ -32,7 +32,7 @@ Per stage (this rank runs one, or ``virtual_stages`` chunks under interleaved 1F
 
 Interleaved 1F1B (``virtual_stages`` chunks per pipeline rank) runs Megatron-LM's order
 (:func:`schedule_actions`). Not yet executed (refused with a message naming the field, and
-avoided by the planner, :func:`per_op_gap`): Hugging Face models, tied embeddings, and
+avoided by the planner, :func:`autoplan.capability.per_op_gap`): Hugging Face models, tied embeddings, and
 Llama-style weights sharded per op.
 """
 
@@ -49,6 +49,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.distributed.tensor.parallel import loss_parallel
 
+from autoplan.capability import per_op_gap, uniform_gap
 from autoplan.errors import PlanError
 from autoplan.plan import Plan
 from autoplan.schedule import order as schedule_order
@@ -75,16 +76,12 @@ def runs_per_op(plan: Plan, spec=None) -> bool:
 
 
 def per_op_reason(plan: Plan, spec=None) -> str | None:
-    """What in search plan ``plan`` the uniform layout cannot express (None: nothing)."""
-    if plan.layout == "stages":
-        return "its stages sit on submeshes of their own shapes"
-    for st in plan.stages:
-        extra = sorted(set(st.data_axes) - {"dp"})
-        if extra:
-            return f"stage {st.index} splits the batch along {extra} too"
-    for fqn, axes in sorted(plan.param_placements.items()):
-        if axes.get("dp", "Replicate()") != "Replicate()":
-            return f"weight {fqn} is {axes['dp']} along the data-parallel axis"
+    """What in search plan ``plan`` the uniform runtime cannot run (None: nothing): what the
+    plan's data says (:func:`autoplan.capability.uniform_gap`), then what the uniform
+    runtime's checks on the real modules refuse."""
+    why = uniform_gap(plan)
+    if why is not None:
+        return why
     from autoplan.models.registry import ModelSpec
     from engine.validate import check_engine_support
 
@@ -92,20 +89,6 @@ def per_op_reason(plan: Plan, spec=None) -> str | None:
         check_engine_support(plan, spec or ModelSpec.from_dict(plan.model), "<plan>")
     except PlanError as exc:
         return str(exc).removeprefix("plan <plan>: ")
-    return None
-
-
-def per_op_gap(spec, plan: Plan | None = None) -> str | None:
-    """Why this runtime cannot run ``spec`` (or ``plan`` of it; None: it can)."""
-    if spec.source != "builtin" or spec.name != "gpt":
-        return f"the per-op runtime runs built-in GPT models, not {spec.source}:{spec.name}"
-    if model_lib.model_info(spec).tied_embeddings:
-        return "the per-op runtime does not run tied embeddings yet"
-    if plan is not None and spec.config.get("style") == "llama" and any(
-            v != "Replicate()" for axes in plan.param_placements.values()
-            for v in axes.values()):
-        # DTensor cannot reshape the head-sharded attention output after rotary embedding
-        return "the per-op runtime does not shard Llama-style weights yet"
     return None
 
 

@@ -44,7 +44,6 @@ stay identical across the group.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch.nn as nn
@@ -55,8 +54,9 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle,
                                                SequenceParallel, parallelize_module)
 
 from autoplan.errors import PlanError
+from autoplan.placement import REPLICATED, PlacementError, parse
+from autoplan.placement_dtensor import to_dtensor
 
-_SHARD = re.compile(r"^Shard\((-?\d+)\)$")
 _NORMS = ("LayerNorm", "RMSNorm")          # class-name suffixes (LlamaRMSNorm, nn.LayerNorm)
 
 
@@ -80,19 +80,18 @@ GPT_LAYOUT = TPLayout()
 
 
 def parse_placement(text: str, where: str) -> Shard | Replicate:
-    """``"Shard(d)"`` / ``"Replicate()"`` -> the DTensor placement (``Partial`` is a plan for
-    activations, not a parameter layout, and is rejected)."""
-    if text == "Replicate()":
-        return Replicate()
-    m = _SHARD.match(text)
-    if m:
-        return Shard(int(m.group(1)))
-    raise PlanError(f"field 'param_placements.{where}': {text!r} is not a parameter "
-                    "placement the engine can apply (Shard(d) or Replicate())")
+    """``"Shard(d)"`` / ``"Replicate()"`` -> the DTensor placement (:mod:`autoplan.placement`
+    parses it; ``Partial`` is a plan for activations, not a parameter layout, and is
+    rejected, as is a strided shard)."""
+    try:
+        return to_dtensor(parse(text, where, partial=False, strided=False))
+    except PlacementError:
+        raise PlanError(f"field 'param_placements.{where}': {text!r} is not a parameter "
+                        "placement the engine can apply (Shard(d) or Replicate())") from None
 
 
 def tp_placement(placements: dict[str, dict[str, str]], fqn: str) -> Shard | Replicate:
-    return parse_placement(placements.get(fqn, {}).get("tp", "Replicate()"), f"{fqn}.tp")
+    return parse_placement(placements.get(fqn, {}).get("tp", REPLICATED), f"{fqn}.tp")
 
 
 def tp_plan(chunk: nn.Module, placements: dict[str, dict[str, str]], *,

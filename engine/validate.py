@@ -15,13 +15,15 @@ import torch
 from torch.distributed.tensor import Shard
 
 from autoplan.errors import ConfigError, PlanError
+from autoplan.capability import ENGINE_DTYPES
 from autoplan.models.capabilities import capabilities
 from autoplan.models.registry import ModelSpec
+from autoplan.placement import REPLICATED
 from autoplan.plan import Plan, stage_ranks
 from engine import model as model_lib
 from engine.tensor_parallel import parse_placement, tp_plan
 
-SUPPORTED_DTYPES = ("float32", "bfloat16")
+SUPPORTED_DTYPES = ENGINE_DTYPES
 
 
 def mesh_label(plan: Plan) -> str:
@@ -173,7 +175,7 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
     if unknown:
         raise PlanError(f"plan {source}: field 'precision.{sorted(unknown)[0]}': unknown key")
     for fqn, axes in plan.param_placements.items():
-        dp_place = parse_placement(axes.get("dp", "Replicate()"), f"{fqn}.dp")
+        dp_place = parse_placement(axes.get("dp", REPLICATED), f"{fqn}.dp")
         if isinstance(dp_place, Shard):
             if dp_place.dim != 0 or p.zero != 3:
                 raise PlanError(f"plan {source}: field 'param_placements.{fqn}.dp': "

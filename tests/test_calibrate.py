@@ -25,7 +25,7 @@ from autoplan.errors import ConfigError
 from autoplan.hostload import HostLoad
 from autoplan.models.registry import resolve
 from autoplan.plan import ParallelConfig
-from autoplan.planner.estimate import Estimator
+from autoplan.planner.grid.estimate import Estimator
 from autoplan.profile.lookup import OpTimeTable
 from autoplan.profile.store import LinkProfile, ProfileError
 from autoplan.trace import trace

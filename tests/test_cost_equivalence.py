@@ -1,10 +1,10 @@
 """One configuration priced once: the grid and the search agree on every uniform configuration.
 
-The grid (:class:`~autoplan.planner.estimate.Estimator`) prices a
+The grid (:class:`~autoplan.planner.grid.estimate.Estimator`) prices a
 :class:`~autoplan.plan.ParallelConfig` from per-layer statistics; the search
-(:class:`~autoplan.planner.evaluate.Evaluator`) prices the same configuration expressed as
-per-op placements (:func:`~autoplan.planner.megatron.uniform_choice`: Megatron's layout chosen
-by the intra-op ILP restricted to it). Both hand their chunks to the one composition,
+(:class:`~autoplan.planner.search.evaluate.Evaluator`) prices the same configuration expressed
+as per-op placements (:func:`~autoplan.planner.search.megatron.uniform_choice`: Megatron's
+layout chosen by the intra-op ILP restricted to it). Both hand their chunks to the one composition,
 :class:`autoplan.cost.step.StepModel`; this checks that the chunks agree too: step time, its
 breakdown, memory per device and per-stage times equal within 1e-9 (relative), over a seeded
 random sample of each cluster's whole uniform space (DP/TP/PP, sequence parallelism, ZeRO 0-3,
@@ -23,12 +23,12 @@ import pytest
 
 from autoplan.api import prepare
 from autoplan.models import resolve
-from autoplan.planner.compose import analyse
-from autoplan.planner.costs import CostModel
-from autoplan.planner.estimate import Estimator
-from autoplan.planner.evaluate import Evaluator
-from autoplan.planner.megatron import uniform_choice
-from autoplan.planner.uniform import enumerate_configs
+from autoplan.planner.search.compose import analyse
+from autoplan.planner.search.costs import CostModel
+from autoplan.planner.grid.estimate import Estimator
+from autoplan.planner.search.evaluate import Evaluator
+from autoplan.planner.search.megatron import uniform_choice
+from autoplan.planner.grid.uniform import enumerate_configs
 
 REL = 1e-9
 SAMPLES = {"gpu": 130, "cpu": 90}        # 220 configurations in all

@@ -20,8 +20,8 @@ from autoplan.api import head_counts, plan_problem, prepare
 from autoplan.cli import main
 from autoplan.cost.memory import usable_bytes
 from autoplan.errors import InfeasibleError
-from autoplan.planner.estimate import fits
-from autoplan.planner.uniform import SearchSpace, size_text, enumerate_configs
+from autoplan.planner.grid.estimate import fits
+from autoplan.planner.grid.uniform import SearchSpace, size_text, enumerate_configs
 from fuzz_helpers import PROFILES
 
 MEMORY_GB = 0.05

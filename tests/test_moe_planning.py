@@ -6,7 +6,7 @@ import pytest
 from autoplan.api import estimate, prepare
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan
-from autoplan.planner.uniform import context_degrees, enumerate_configs, expert_degrees
+from autoplan.planner.grid.uniform import context_degrees, enumerate_configs, expert_degrees
 
 MOE = dict(vocab_size=512, seq_len=256, hidden=128, layers=4, heads=4, kv_heads=2,
            style="llama", experts=8, top_k=2)

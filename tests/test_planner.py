@@ -11,7 +11,7 @@ import autoplan
 from autoplan.api import estimate, plan_problem, prepare
 from autoplan.errors import ConfigError, InfeasibleError, UnknownNameError
 from autoplan.plan import Plan
-from autoplan.planner.uniform import SearchSpace, enumerate_configs
+from autoplan.planner.grid.uniform import SearchSpace, enumerate_configs
 
 
 @pytest.fixture(scope="module")

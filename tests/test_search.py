@@ -19,19 +19,19 @@ from autoplan.cluster import Cluster, LinkSpec, load_cluster, load_device
 from autoplan.errors import InfeasibleError
 from autoplan.models import resolve
 from autoplan.plan import PLAN_VERSION, ParallelConfig, Plan
-from autoplan.planner.compose import Composition, analyse, build_problem
-from autoplan.planner.costs import CostModel
-from autoplan.planner.estimate import Estimator
-from autoplan.planner.evaluate import Evaluator
-from autoplan.planner.explain import explain_stage
-from autoplan.planner.inter_op import brute_force as dp_brute_force
-from autoplan.planner.inter_op import pipeline_dp
-from autoplan.planner.intra_op import (Hinge, IntraOpProblem, Linear, PartialGroup,
+from autoplan.planner.search.compose import Composition, analyse, build_problem
+from autoplan.planner.search.costs import CostModel
+from autoplan.planner.grid.estimate import Estimator
+from autoplan.planner.search.evaluate import Evaluator
+from autoplan.planner.search.explain import explain_stage
+from autoplan.planner.search.inter_op import brute_force as dp_brute_force
+from autoplan.planner.search.inter_op import pipeline_dp
+from autoplan.planner.search.intra_op import (Hinge, IntraOpProblem, Linear, PartialGroup,
                                        brute_force, explain, solve)
-from autoplan.planner.megatron import uniform_choice
-from autoplan.planner.mesh import LogicalMesh
-from autoplan.planner.search import SearchOptions, search
-from autoplan.planner.to_plan import build_search_plan
+from autoplan.planner.search.megatron import uniform_choice
+from autoplan.planner.search.mesh import LogicalMesh
+from autoplan.planner.search.search import SearchOptions, search
+from autoplan.planner.search.to_plan import build_search_plan
 
 GPT_SMALL = dict(vocab_size=8192, hidden=1024, layers=4, heads=16, seq_len=1024)
 
@@ -423,8 +423,8 @@ def test_version_1_plans_still_load(small, tmp_path):
 def test_a_plan_of_stages_with_their_own_submeshes_validates_and_names_fields(small):
     """layout "stages": each stage on a submesh of its own size and shape."""
     problem, ms, ev = small
-    from autoplan.planner.evaluate import PipelineChoice, StageChoice
-    from autoplan.planner.search import Candidate, SearchResult
+    from autoplan.planner.search.evaluate import PipelineChoice, StageChoice
+    from autoplan.planner.search.search import Candidate, SearchResult
 
     base = search(problem.spec, problem.graph, problem.cluster, global_batch=64,
                   options=SearchOptions(micro_batches=(8,)), structure=ms)

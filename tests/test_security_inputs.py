@@ -13,7 +13,7 @@ import pytest
 
 from autoplan.errors import ConfigError
 from autoplan.models.registry import ModelSpec
-from autoplan.planner.library import closest_divisor
+from autoplan.planner.search.library import closest_divisor
 from autoplan.trust import TRUST_ENV
 
 REPO = Path(__file__).resolve().parents[1]

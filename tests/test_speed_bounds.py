@@ -12,7 +12,7 @@ from autoplan.errors import InfeasibleError
 from autoplan.models import build_model
 from autoplan.models.registry import resolve
 from autoplan.planner.bounds import check_states_fit, parameter_counts, states_lower_bound
-from autoplan.planner.uniform import SearchSpace, search_uniform
+from autoplan.planner.grid.uniform import SearchSpace, search_uniform
 
 
 @pytest.mark.parametrize("name, overrides", [("gpt-tiny", {}),

@@ -1,9 +1,9 @@
 """Exact shortcuts of the planners (issue #18): each one gives what the long way gives.
 
-* the uniform grid's branch and bound (:func:`autoplan.planner.uniform.search_uniform` with
+* the uniform grid's branch and bound (:func:`autoplan.planner.grid.uniform.search_uniform` with
   ``keep``) ranks the same first ``keep`` configurations as pricing all, and its bound
-  (:meth:`~autoplan.planner.estimate.Estimator.step_lower_bound`) never exceeds a step time;
-* :func:`autoplan.planner.tables.fastest_fitting` equals the argmin over the full
+  (:meth:`~autoplan.planner.grid.estimate.Estimator.step_lower_bound`) never exceeds a step time;
+* :func:`autoplan.planner.search.tables.fastest_fitting` equals the argmin over the full
   (positions x rows x ranges) array it replaces, ties and no-fit columns included.
 """
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from autoplan.api import head_counts, prepare, runnable_space
-from autoplan.planner.tables import INF, fastest_fitting, last_fitting
-from autoplan.planner.uniform import SearchSpace, search_uniform
+from autoplan.planner.search.tables import INF, fastest_fitting, last_fitting
+from autoplan.planner.grid.uniform import SearchSpace, search_uniform
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_fastest_fitting_is_the_full_argmin():
 
 
 def _difflib_align(recorded, traced):
-    """:func:`autoplan.planner.record.align`'s rule over the whole sequences (no trimming)."""
+    """:func:`autoplan.planner.search.record.align`'s rule over the whole sequences (no trimming)."""
     import difflib
 
     out, through = {}, set()
@@ -89,7 +89,7 @@ def _difflib_align(recorded, traced):
 
 
 def test_align_trims_the_common_ends_as_difflib_would_match_them():
-    from autoplan.planner.record import align
+    from autoplan.planner.search.record import align
 
     block = ["aten.addmm.default", "aten.view.default", "aten.gelu.default"] * 40
     traced = ["aten.embedding.default"] + block + ["aten.view.default", "aten.mm.default"]

@@ -357,7 +357,7 @@ def test_never_slower_guard_without_repricing(monkeypatch):
     """When the grid's best cannot be priced by the search's evaluator, the plan is the
     faster of the two planners' own predictions."""
     import autoplan
-    import autoplan.planner.megatron as megatron
+    import autoplan.planner.search.megatron as megatron
 
     def refuse(*args, **kwargs):
         raise ValueError("not expressible")

@@ -5,7 +5,7 @@
                     provenance=prov)
     prov.summary()            # 'op profile cpu-amd-epyc.json (...), link profile ...'
 
-The :class:`~autoplan.planner.estimate.Estimator` calls this by default, so every plan for a
+The :class:`~autoplan.planner.grid.estimate.Estimator` calls this by default, so every plan for a
 cluster with measured profiles uses them. What is looked up (``root`` = ``profiles/`` or
 ``$AUTOPLAN_PROFILES``):
 

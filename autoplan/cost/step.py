@@ -1,7 +1,7 @@
 """One training step from per-chunk terms: the single place the cost model is composed.
 
-Every pricer — the grid (:class:`~autoplan.planner.estimate.Estimator`), the search
-(:class:`~autoplan.planner.evaluate.Evaluator`), ``autoplan estimate``, the report and
+Every pricer — the grid (:class:`~autoplan.planner.grid.estimate.Estimator`), the search
+(:class:`~autoplan.planner.search.evaluate.Evaluator`), ``autoplan estimate``, the report and
 calibration — prices the *chunks* of a configuration (a chunk: a contiguous layer range on
 one pipeline rank's devices) into :class:`ChunkCost` records and hands them to
 :meth:`StepModel.compose`, which turns them into a step time and per-device memory

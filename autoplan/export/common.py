@@ -5,8 +5,8 @@ pipeline stage, stages of equal size on consecutive rank blocks, one checkpointi
 :func:`uniform_layout` returns that layout or lists why the plan is not uniform; plans with
 per-stage meshes (Alpa-style) or with plan fields this module does not know (a newer plan
 format) are refused rather than exported wrongly. A search plan is exported when the uniform
-layout expresses it exactly (:func:`engine.staged.per_op_reason` finds nothing), and refused
-with that reason when it places ops individually.
+layout expresses it exactly (:func:`autoplan.capability.uniform_gap` finds nothing), and
+refused with that reason when it places ops individually.
 """
 
 from __future__ import annotations
@@ -93,13 +93,12 @@ def _as_uniform(plan: Plan, target: str) -> Plan:
     NotExpressibleError, with the reason, for one that places ops individually."""
     from dataclasses import replace
 
-    from autoplan.errors import PlanError
+    from autoplan.capability import uniform_gap
+    from autoplan.placement import PlacementError
 
     try:
-        from engine.staged import per_op_reason
-
-        why = per_op_reason(plan)
-    except (ImportError, PlanError) as exc:
+        why = uniform_gap(plan)
+    except PlacementError as exc:
         why = str(exc)
     if why is not None:
         raise NotExpressibleError(target, [

@@ -21,7 +21,7 @@ import time
 from autoplan.cluster import Cluster
 from autoplan.cost.memory import PRECISION_BYTES
 from autoplan.errors import InfeasibleError
-from autoplan.planner.uniform import size_text
+from autoplan.planner.grid.uniform import size_text
 
 def parameter_counts(spec) -> tuple[int, int]:
     """(parameters, trainable parameters) of ``spec``'s model: the closed form of a built-in
@@ -44,7 +44,7 @@ def parameter_counts(spec) -> tuple[int, int]:
 
 def memory_factor(cluster: Cluster, precision: str) -> float:
     """The calibrated memory factor the planners multiply their predictions by (1 when the
-    cluster has no calibration), as :class:`autoplan.planner.costs.CostModel` reads it."""
+    cluster has no calibration), as :class:`autoplan.planner.search.costs.CostModel` reads it."""
     from autoplan.cost.profiled import resolve_cost_models
 
     _, _, provenance = resolve_cost_models(cluster, precision, None, None)

@@ -17,7 +17,9 @@ import torch
 import autoplan
 from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec
+from autoplan.placement import REPLICATED, shard_text
 from autoplan.plan import MeshSpec, ParallelConfig, Plan, Prediction, Stage, stage_ranks
+from autoplan.precision import PRECISIONS
 
 
 def split_layers(graph: OpGraph, num_chunks: int) -> list[tuple[int, int]]:
@@ -56,10 +58,10 @@ def param_placements(graph: OpGraph, parallel: ParallelConfig) -> dict[str, dict
     """
     out: dict[str, dict[str, str]] = {}
     for name, info in graph.params.items():
-        tp = "Replicate()"
+        tp = REPLICATED
         if parallel.tp > 1 and info.tp_dim is not None:
-            tp = f"Shard({info.tp_dim})"
-        dp = "Shard(0)" if parallel.zero == 3 and parallel.dp > 1 else "Replicate()"
+            tp = shard_text(info.tp_dim)
+        dp = shard_text(0) if parallel.zero == 3 and parallel.dp > 1 else REPLICATED
         out[name] = {"tp": tp, "dp": dp}
     return out
 
@@ -110,9 +112,7 @@ def build_plan(graph: OpGraph, spec: ModelSpec, cluster, parallel: ParallelConfi
 
 def default_precision(device_type: str) -> dict[str, str]:
     """bf16 compute with fp32 master weights on GPUs; plain fp32 on CPU."""
-    if device_type == "cuda":
-        return {"params": "float32", "compute": "bfloat16", "reduce": "float32"}
-    return {"params": "float32", "compute": "float32", "reduce": "float32"}
+    return PRECISIONS["mixed" if device_type == "cuda" else "fp32"].plan_dict()
 
 
 def _device_name(cluster_dict: dict) -> str:

@@ -8,7 +8,7 @@ is free and its input is ready:
 * ``F(c, i)`` (forward of chunk c on micro-batch i) needs ``F(c - 1, i)``;
 * ``B(c, i)`` needs ``B(c + 1, i)``, or, on the last chunk, ``F(c, i)``.
 
-Block durations already include the stage-to-stage send (as :mod:`autoplan.planner.estimate`
+Block durations already include the stage-to-stage send (as :mod:`autoplan.planner.grid.estimate`
 charges it), so a dependency's end time is when the next block may start.
 
 Orders per rank ``d``:

@@ -4,7 +4,7 @@ A version-3 plan carries them (``prediction.stage_times``, from the one step com
 :mod:`autoplan.cost.step`): they are read, nothing is re-traced. Plans written before
 (versions 1 and 2) do not: a search plan's ``stages[i].predicted`` gives compute and
 communication per stage (backward taken as twice the forward); a uniform plan is re-priced
-with the grid's :class:`~autoplan.planner.estimate.Estimator`, re-tracing the plan's model on
+with the grid's :class:`~autoplan.planner.grid.estimate.Estimator`, re-tracing the plan's model on
 the meta device (:func:`autoplan.api.prepare`; a few seconds) unless the caller passes the
 traced :class:`~autoplan.api.Problem`. If the model cannot be rebuilt here (an ``import:``
 model whose package is missing, say), it falls back to an approximation from the
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from autoplan.errors import AutoplanError
 from autoplan.plan import Plan, StageTime
+from autoplan.precision import priced_as
 
 #: Relative difference between the re-estimated and the recorded step time worth a note.
 DRIFT_NOTE = 0.01
@@ -124,8 +125,7 @@ def _retrace(plan: Plan):
 
     spec = ModelSpec.from_dict(plan.model)
     cluster = Cluster.from_dict(plan.cluster)
-    compute = (plan.precision or {}).get("compute", "float32")
-    precision = "mixed" if compute in ("bfloat16", "float16") else "fp32"
+    precision = priced_as(plan.precision or {}).name
     return prepare(spec, cluster, global_batch=plan.global_batch, seq_len=plan.seq_len,
                    precision=precision)
 

@@ -1,8 +1,8 @@
 """Stage latency tables for the inter-op DP: every unit range on every submesh at once.
 
 For one logical mesh and micro-batch, each layer kind has a few candidate *layouts* (one
-placement per op group, :mod:`autoplan.planner.library`). :func:`kind_table` prices each
-layout per layer with :class:`~autoplan.planner.evaluate.Evaluator`'s pieces: compute,
+placement per op group, :mod:`autoplan.planner.search.library`). :func:`kind_table` prices each
+layout per layer with :class:`~autoplan.planner.search.evaluate.Evaluator`'s pieces: compute,
 layer communication (bucketed as the evaluator does), activations, parameters per sync
 bucket. A stage's configuration is then a *combo* (lambda, ZeRO stage z, recomputation):
 each kind takes the layout minimising
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.planner.costs import BUCKETS, REDUCE_BYTES
-from autoplan.planner.estimate import OVERLAP_COST
-from autoplan.planner.evaluate import Evaluator
-from autoplan.planner.mesh import LogicalMesh
+from autoplan.planner.search.costs import BUCKETS, REDUCE_BYTES
+from autoplan.planner.grid.estimate import OVERLAP_COST
+from autoplan.planner.search.evaluate import Evaluator
+from autoplan.planner.search.mesh import LogicalMesh
 
 INF = math.inf
 
@@ -117,7 +117,7 @@ def _imported(ev: Evaluator, kind: str, mesh, micro_batch: int, ch) -> float:
 
 def _kept(ev: Evaluator, kind: str, mesh, micro_batch: int, ch) -> float:
     """Input bytes kept by a recomputed layer of ``kind``, as its consumers place them."""
-    from autoplan.planner.evaluate import StageChoice
+    from autoplan.planner.search.evaluate import StageChoice
 
     l = ev.ms.kinds[kind].layer
     st = StageChoice(l, l + 1, mesh, ((kind, ch),))

@@ -26,7 +26,7 @@ from autoplan.cluster import Cluster
 from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
-from autoplan.planner.estimate import Estimator, divisors, fits
+from autoplan.planner.grid.estimate import Estimator, divisors, fits
 
 GB = 1e9
 
@@ -172,7 +172,7 @@ def search_uniform(graph: OpGraph, cluster: Cluster, global_batch: int, *,
     ``keep``: how many of the fastest fitting configurations the caller needs exactly (the
     best and its alternatives); None prices every configuration. With ``keep``, the
     configurations are priced in the order of a lower bound of their step time
-    (:meth:`~autoplan.planner.estimate.Estimator.step_lower_bound`, the pipeline term, from
+    (:meth:`~autoplan.planner.grid.estimate.Estimator.step_lower_bound`, the pipeline term, from
     cached per-layer sums) and the pricing stops at the first whose bound exceeds the
     ``keep``-th fastest fitting step time found: no configuration left can rank among the
     first ``keep`` (branch and bound). ``ranked`` and ``feasible`` then cover the priced

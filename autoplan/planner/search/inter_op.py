@@ -1,7 +1,7 @@
 """The inter-op pass: Alpa's dynamic program over pipeline stages and submeshes.
 
 Layers are grouped into U consecutive *units* (whole layers; identical blocks clustered
-evenly, :mod:`autoplan.planner.search`), the cluster into V equal *device units* (whole
+evenly, :mod:`autoplan.planner.search.search`), the cluster into V equal *device units* (whole
 nodes, or devices inside one node). A stage covers units [i, j) on n device units; its
 latency t(s, i, j, n) (seconds per micro-batch, forward + backward, including the
 per-step costs spread over the micro-batches) comes from the intra-op pass at the best

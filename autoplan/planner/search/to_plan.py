@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 import autoplan
+from autoplan.placement import to_plan_text
 from autoplan.plan import MeshSpec, ParallelConfig, Plan, Stage
-from autoplan.planner.costs import BUCKETS, param_spec, member_choice
-from autoplan.planner.evaluate import PipelineChoice, StageChoice
-from autoplan.planner.search import SearchResult
-from autoplan.planner.strategies import dtensor_placement, members
+from autoplan.planner.search.costs import BUCKETS, param_spec, member_choice
+from autoplan.planner.search.evaluate import PipelineChoice, StageChoice
+from autoplan.planner.search.kinds import members
+from autoplan.planner.search.search import SearchResult
 
 GB = 1e9
 
@@ -107,11 +108,11 @@ def _param_and_activation_placements(result: SearchResult, st: StageChoice, micr
                 mine = rename.get(fqn, fqn if l == kg.layer else None)
                 if mine is None or mine not in graph.params:
                     continue
-                params[mine] = {ax: dtensor_placement(pl) for ax, pl in zip(axis_names, pspec)}
+                params[mine] = {ax: to_plan_text(pl) for ax, pl in zip(axis_names, pspec)}
             for ai, a in enumerate(kc.anchors):
                 spec = kg.ops[a].strategies[kc.cand[ai][ch[ai]]].outputs[0]
                 if spec is not None:
-                    acts[names[a]] = {ax: dtensor_placement(pl)
+                    acts[names[a]] = {ax: to_plan_text(pl)
                                       for ax, pl in zip(axis_names, spec)}
     data = tuple(axis_names[a] for a in sorted(data_axes) if st.mesh.shape[a] > 1)
     return params, acts, data
@@ -206,7 +207,7 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
 
 def explain_placements(result: SearchResult, *, per_op: int = 3) -> list[dict]:
     """Why each weight-reading op of the first stage holding each kind got its placement."""
-    from autoplan.planner.explain import explain_stage
+    from autoplan.planner.search.explain import explain_stage
 
     out, seen = [], set()
     for c, st in enumerate(result.best.stages):

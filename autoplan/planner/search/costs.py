@@ -4,11 +4,11 @@ The pieces are the cost model's (:mod:`autoplan.cost`): compute is
 ``ComputeModel.op_time(node, shard)`` per op, communication ``CommModel.time(collective,
 bytes, group)`` per collective, memory the ZeRO model-state and activation formulas of
 :mod:`autoplan.cost.memory` — the same functions the uniform planner's
-:class:`~autoplan.planner.estimate.Estimator` composes, so both planners price the same
+:class:`~autoplan.planner.grid.estimate.Estimator` composes, so both planners price the same
 configuration the same way (checked in tests/test_search.py).
 
 Notation: mesh axes a in {0, 1} of sizes n_a; an op strategy s gives a placement per axis for
-each input and output (:mod:`autoplan.planner.strategies`); B is the micro-batch (samples
+each input and output (:mod:`autoplan.planner.search.strategies`); B is the micro-batch (samples
 per micro-batch of the whole stage), b0 the traced micro-batch.
 
 * **Compute.** An op *splits* along axis a when its strategy shards (or partially sums) an
@@ -53,8 +53,10 @@ from autoplan.cost.compute import ComputeModel, op_kind
 from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, usable_bytes
 from autoplan.cost.step import REDUCE_BYTES  # noqa: F401  (fp32 gradients; compose, tables)
 from autoplan.graph import OpGraph
-from autoplan.planner.mesh import LogicalMesh
-from autoplan.planner.strategies import AXES, KindGraph, Spec, Strategy, members, shard_dim
+from autoplan.placement import shard_dim
+from autoplan.planner.search.kinds import KindGraph, members
+from autoplan.planner.search.mesh import LogicalMesh
+from autoplan.planner.search.strategies import AXES, Spec, Strategy
 
 #: sync-axes buckets of parameters: index -> the axes
 BUCKETS: tuple[tuple[int, ...], ...] = ((), (0,), (1,), (0, 1))
@@ -527,7 +529,7 @@ def edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[T
 
     Backward Partial->X conversions into the producer anchors in ``multi`` (read by several
     anchors) are left out: the ILP charges them once per producer group
-    (:mod:`autoplan.planner.intra_op`)."""
+    (:mod:`autoplan.planner.search.intra_op`)."""
     multi = multi or set()      # producer anchors whose Partial gradients are summed once
     key = (id(kc_u), id(kc_v), tuple(edges), frozenset(multi))
     hit = cm._edge_cache.get(key)

@@ -1,12 +1,14 @@
 """From a traced model to ILP instances: layer kinds, transitions, stage compositions.
 
 :func:`analyse` does the mesh-independent work once per model: re-run the model to record
-op arguments (:mod:`autoplan.planner.record`), enumerate DTensor strategies for one layer of
-each *kind* (:mod:`autoplan.planner.strategies`), and find the tensors that cross from one
-layer to the next (*transitions*, e.g. block -> block: the residual stream).
+op arguments (:mod:`autoplan.planner.search.record`), enumerate DTensor strategies for one
+layer of each *kind* (:mod:`autoplan.planner.search.strategies`, grouped by
+:mod:`autoplan.planner.search.kinds`), and find the tensors that cross from one layer to the
+next (*transitions*, e.g. block -> block: the residual stream).
 
 :func:`build_problem` turns a *stage composition* — which layers a stage holds, on which
-logical mesh, at which micro-batch — into an :class:`~autoplan.planner.intra_op.IntraOpProblem`.
+logical mesh, at which micro-batch — into an
+:class:`~autoplan.planner.search.intra_op.IntraOpProblem`.
 Identical layers (the same ``kind``) share one set of variables: every cost of a kind is
 multiplied by its number of layers, every cost of a transition by its number of occurrences
 (Alpa's and autoparallel's clustering of repeated layers), so a 96-layer GPT stage has the
@@ -38,13 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.graph import OpGraph
-from autoplan.planner.costs import (BUCKETS, REDUCE_BYTES, CostModel, KindCosts, TensorEdge,
+from autoplan.planner.search.costs import (BUCKETS, REDUCE_BYTES, CostModel, KindCosts, TensorEdge,
                                     edge_matrices, grad_spec, required_grad)
 from autoplan.cost.step import OVERLAP_COST
-from autoplan.planner.intra_op import (ZERO_STAGES, Hinge, IntraOpProblem, Linear,
+from autoplan.planner.search.intra_op import (ZERO_STAGES, Hinge, IntraOpProblem, Linear,
                                        PartialGroup)
-from autoplan.planner.mesh import LogicalMesh
-from autoplan.planner.strategies import KindGraph, Spec, build_kind, probe_mesh
+from autoplan.planner.search.mesh import LogicalMesh
+from autoplan.planner.search.kinds import KindGraph, build_kind
+from autoplan.planner.search.strategies import Spec, probe_mesh
 
 Transition = tuple[int, int, int, int]      # (producer pos, output, consumer pos, slot)
 
@@ -99,7 +102,7 @@ class ModelStructure:
 
 def analyse(spec, graph: OpGraph) -> ModelStructure:
     """Record, enumerate strategies and find transitions (module docstring)."""
-    from autoplan.planner.record import record_layers
+    from autoplan.planner.search.record import record_layers
 
     t0 = time.perf_counter()
     kinds_order: list[str] = []
@@ -124,7 +127,7 @@ def analyse(spec, graph: OpGraph) -> ModelStructure:
         node_names = list(graph.nodes)
         pos = {n: k for k, n in enumerate(names)}
         out: list[Transition] = []
-        from autoplan.planner.strategies import flat_refs
+        from autoplan.planner.search.kinds import flat_refs
 
         for op in rec.ops[l]:
             for q, r in enumerate(flat_refs(op)):

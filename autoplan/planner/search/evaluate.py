@@ -4,11 +4,11 @@ stage by stage.
 The search chooses, per pipeline stage, a layer range, a logical mesh, one placement per op
 group of each layer kind, a ZeRO stage and recomputation (:class:`StageChoice`). This
 module prices that choice with the same formulas as
-:class:`~autoplan.planner.estimate.Estimator` (its docstring has them), generalised from
+:class:`~autoplan.planner.grid.estimate.Estimator` (its docstring has them), generalised from
 "TP degree t" to per-op placements:
 
 * per micro-batch, stage c: compute t_f(c), t_b(c) = the ops' ``op_time`` under their
-  placements (:mod:`autoplan.planner.costs`); *layer communication* tp_f(c), tp_b(c) = the
+  placements (:mod:`autoplan.planner.search.costs`); *layer communication* tp_f(c), tp_b(c) = the
   resharding the placements imply, forward and backward; send(c) = the stage's output
   activation split over its devices (Megatron's scatter/gather), to the next stage.
 * Collectives of one kind along one mesh axis in one layer and direction are costed as one
@@ -42,10 +42,10 @@ from autoplan.cost.comm import Group
 from autoplan.cost.memory import temporary_bytes
 from autoplan.cost.step import ChunkCost, ParamBucket, StepModel, Workload
 from autoplan.plan import Prediction
-from autoplan.planner.compose import ModelStructure, transition_edges
-from autoplan.planner.costs import (BUCKETS, CostModel, KindCosts, TensorEdge, conversions,
+from autoplan.planner.search.compose import ModelStructure, transition_edges
+from autoplan.planner.search.costs import (BUCKETS, CostModel, KindCosts, TensorEdge, conversions,
                                     grad_spec, passes_partial, required_grad)
-from autoplan.planner.mesh import LogicalMesh
+from autoplan.planner.search.mesh import LogicalMesh
 
 Buckets = dict[tuple[str, str, int], float]      # (direction, collective, axis) -> bytes
 

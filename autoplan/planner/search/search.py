@@ -5,27 +5,27 @@
 
 Steps (timings in ``SearchResult.seconds``):
 
-1. **Analyse** the model once (:func:`~autoplan.planner.compose.analyse`): DTensor strategies
+1. **Analyse** the model once (:func:`~autoplan.planner.search.compose.analyse`): DTensor strategies
    per op of one layer of each kind, on a fake process group.
-2. **Intra-op pass** (:mod:`~autoplan.planner.library`): the ILP of
-   :mod:`~autoplan.planner.intra_op` on the whole model, on the cluster's and one node's
+2. **Intra-op pass** (:mod:`~autoplan.planner.search.library`): the ILP of
+   :mod:`~autoplan.planner.search.intra_op` on the whole model, on the cluster's and one node's
    logical meshes, at several memory weights, plus Megatron's layouts; the optimal
    placements become each kind's candidate *layouts*.
 3. For every micro-batch count m (divisors of the global batch; the micro-batch B = batch /
    m is split over each stage's batch-sharded axes):
 
    * price every layout of every kind on every submesh's logical meshes
-     (:func:`~autoplan.planner.tables.kind_table`), and every unit range on every submesh
-     at every pipeline position (:func:`~autoplan.planner.tables.range_table`): the best
+     (:func:`~autoplan.planner.search.tables.kind_table`), and every unit range on every submesh
+     at every pipeline position (:func:`~autoplan.planner.search.tables.range_table`): the best
      (layouts, ZeRO stage, recomputation) that fits in device memory;
    * **inter-op pass**: Alpa's DP over stages and submeshes
-     (:func:`~autoplan.planner.inter_op.pipeline_dp`) for 1F1B (GPipe has the same latency
+     (:func:`~autoplan.planner.search.inter_op.pipeline_dp`) for 1F1B (GPipe has the same latency
      and more activations in flight);
    * **balanced pipelines**: p equal submeshes with the blocks split evenly, for every
      schedule including interleaved 1F1B with v chunks per submesh (Narayanan et al. 2021),
      which the DP's contiguous stages cannot express.
 
-4. The best candidates of all m are priced exactly (:class:`~autoplan.planner.evaluate.
+4. The best candidates of all m are priced exactly (:class:`~autoplan.planner.search.evaluate.
    Evaluator`, the uniform planner's formulas) and the fastest that fits wins.
 
 Layers are grouped into at most ``max_units`` units (non-block layers alone, repeated
@@ -50,14 +50,14 @@ from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
 from autoplan.plan import Prediction
 from autoplan.planner.build import split_layers
-from autoplan.planner.compose import ModelStructure, analyse
-from autoplan.planner.costs import CostModel
-from autoplan.planner.estimate import divisors
-from autoplan.planner.evaluate import Evaluator, PipelineChoice, StageChoice
-from autoplan.planner.inter_op import pipeline_dp
-from autoplan.planner.library import LAMBDAS, Library, build_library
-from autoplan.planner.mesh import LogicalMesh, submesh_shapes
-from autoplan.planner.tables import (INF, KindTable, LayerArrays, kind_table,
+from autoplan.planner.search.compose import ModelStructure, analyse
+from autoplan.planner.search.costs import CostModel
+from autoplan.planner.grid.estimate import divisors
+from autoplan.planner.search.evaluate import Evaluator, PipelineChoice, StageChoice
+from autoplan.planner.search.inter_op import pipeline_dp
+from autoplan.planner.search.library import LAMBDAS, Library, build_library
+from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
+from autoplan.planner.search.tables import (INF, KindTable, LayerArrays, kind_table,
                                      layer_arrays, priced_rows, range_table)
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """Why was this placement chosen? Each op group priced against its alternatives.
 
 For a stage of a search result, the intra-op ILP of that stage (:func:`~autoplan.planner.
-compose.build_problem`: its layers, logical mesh, micro-batches, ZeRO stage, recomputation
+search.compose.build_problem`: its layers, logical mesh, micro-batches, ZeRO stage, recomputation
 and memory budget) is rebuilt, the chosen layouts are written as its solution, and
-:func:`~autoplan.planner.intra_op.explain` prices every alternative placement of a group
+:func:`~autoplan.planner.search.intra_op.explain` prices every alternative placement of a group
 with the rest held fixed: the difference in the step-time objective (compute, resharding,
 gradient synchronisation, optimizer) and in memory per device, and whether it would fit.
 """
@@ -11,9 +11,10 @@ gradient synchronisation, optimizer) and in memory per device, and whether it wo
 from __future__ import annotations
 
 from autoplan.cost.memory import in_flight_micro_batches, solver_budget_bytes
-from autoplan.planner.compose import Composition, build_problem
-from autoplan.planner.intra_op import Solution, explain, objective
-from autoplan.planner.strategies import Strategy, dtensor_placement
+from autoplan.planner.search.compose import Composition, build_problem
+from autoplan.planner.search.intra_op import Solution, explain, objective
+from autoplan.placement import short
+from autoplan.planner.search.strategies import Strategy
 
 GB = 1e9
 
@@ -21,13 +22,8 @@ GB = 1e9
 def describe(strategy: Strategy) -> str:
     """Output <- inputs, one placement per mesh axis: '[S(0) S(1)] <- [S(0) R] [R S(1)]'
     (R Replicate, S(d) Shard(d), S~(d) a strided shard, P Partial)."""
-    def one(p: str) -> str:
-        full = dtensor_placement(p)
-        return {"Replicate()": "R", "Partial()": "P"}.get(
-            full, full.replace("_StridedShard(", "S~(").replace("Shard(", "S("))
-
     def spec(s) -> str:
-        return "-" if s is None else "[" + " ".join(one(p) for p in s) + "]"
+        return "-" if s is None else "[" + " ".join(short(p) for p in s) + "]"
     ins = " ".join(spec(s) for s in strategy.inputs)
     return f"{spec(strategy.outputs[0] if strategy.outputs else None)} <- {ins}"
 

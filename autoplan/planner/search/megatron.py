@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 
 from autoplan.graph import OpGraph
-from autoplan.planner.costs import KindCosts
-from autoplan.planner.strategies import members
+from autoplan.planner.search.costs import KindCosts
+from autoplan.planner.search.kinds import members
 
 
 def megatron_restrict(graph: OpGraph, kc: KindCosts, *, sequence_parallel: bool,
@@ -113,15 +113,15 @@ def _member_ok(graph: OpGraph, kg, names, pos: int, k: int, dp: int, tp: int, sp
 
 def uniform_choice(ev, parallel) -> "PipelineChoice":
     """The uniform configuration ``parallel`` (a :class:`~autoplan.plan.ParallelConfig`) as
-    the search's :class:`~autoplan.planner.evaluate.PipelineChoice`: the Estimator's chunks
+    the search's :class:`~autoplan.planner.search.evaluate.PipelineChoice`: the Estimator's chunks
     (:func:`~autoplan.planner.build.split_layers`), each on a ``(dp, tp)`` mesh with the
     cheapest Megatron layout (the ILP restricted by :func:`megatron_restrict`; under
     sequence parallelism with the embeddings replicated, as the grid prices them)."""
     from autoplan.planner.build import split_layers
-    from autoplan.planner.compose import Composition, build_problem
-    from autoplan.planner.evaluate import PipelineChoice, StageChoice
-    from autoplan.planner.intra_op import solve
-    from autoplan.planner.mesh import LogicalMesh
+    from autoplan.planner.search.compose import Composition, build_problem
+    from autoplan.planner.search.evaluate import PipelineChoice, StageChoice
+    from autoplan.planner.search.intra_op import solve
+    from autoplan.planner.search.mesh import LogicalMesh
 
     from autoplan.errors import InfeasibleError
 

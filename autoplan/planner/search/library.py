@@ -2,7 +2,7 @@
 
 A *layout* is one strategy per op group of a kind (indices into
 ``KindGraph.ops[anchor].strategies``), independent of mesh sizes. The library holds, per
-kind, the layouts that the intra-op ILP (:mod:`autoplan.planner.intra_op`) finds optimal
+kind, the layouts that the intra-op ILP (:mod:`autoplan.planner.search.intra_op`) finds optimal
 for the whole model on representative logical meshes:
 
 * every ``(W / b, b)`` mesh over the whole cluster (W devices, b dividing the node size)
@@ -12,7 +12,7 @@ for the whole model on representative logical meshes:
   byte: 0 is the fastest layout,
   larger ones trade time for memory — ZeRO-style sharding, tensor parallelism,
   sequence sharding; inf stands for 1 s per GB, which in practice minimises memory);
-* plus the uniform planner's layouts (:mod:`autoplan.planner.megatron`: the ILP restricted
+* plus the uniform planner's layouts (:mod:`autoplan.planner.search.megatron`: the ILP restricted
   to Megatron's placements for each TP degree, with and without sequence parallelism — with
   the embeddings sequence-sharded or replicated), so the search's space contains the
   uniform one.
@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 
 from autoplan.errors import InfeasibleError
-from autoplan.planner.compose import Composition, ModelStructure, build_problem
-from autoplan.planner.evaluate import Evaluator
-from autoplan.planner.intra_op import solve
-from autoplan.planner.megatron import megatron_restrict
-from autoplan.planner.mesh import LogicalMesh
+from autoplan.planner.search.compose import Composition, ModelStructure, build_problem
+from autoplan.planner.search.evaluate import Evaluator
+from autoplan.planner.search.intra_op import solve
+from autoplan.planner.search.megatron import megatron_restrict
+from autoplan.planner.search.mesh import LogicalMesh
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@ r"""The intra-op pass: an ILP choosing one placement per op group and a ZeRO sta
 
 Formulation (Alpa, Zheng et al. 2022, sec. 4; meta-pytorch/autoparallel's layout). The
 instance is plain arrays (:class:`IntraOpProblem`), built from cost tables by
-:mod:`autoplan.planner.compose`; this module only solves and checks it.
+:mod:`autoplan.planner.search.compose`; this module only solves and checks it.
 
 Variables::
 
