@@ -1,0 +1,62 @@
+"""Tensor-parallel communication overlapped with the GEMMs around it (a plan's
+``parallel.tp_comm_overlap``).
+
+Under tensor + sequence parallelism every transformer layer all-gathers the sequence-sharded
+input of its column-parallel GEMMs (QKV, FC1) and reduce-scatters the output of its
+row-parallel GEMMs (attention projection, FC2) -- and their duals in backward (Korthikanti
+et al. 2022, sec. 4.2.2). Plainly each collective waits for (or is waited on by) its GEMM,
+so the step pays all of it (:mod:`autoplan.planner.estimate`). Megatron-LM's
+``--tp-comm-overlap`` (Transformer Engine userbuffers) and torchtitan's async tensor
+parallelism (``enable_async_tensor_parallel``: torch's micro-pipelined
+``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter`` over symmetric memory)
+decompose each collective and its dependent GEMM into n steps so that step i's transfer runs
+beside step i-1's GEMM (Wang et al. 2023, "Overlap Communication with Dependent Computation
+via Decomposition in Large Deep Learning Models", ASPLOS'23, sec. 3: the looped collective
+einsum, n = the TP degree for a ring of point-to-point transfers).
+
+**Price.** With C the layer's TP collectives (seconds, one direction), W the compute of the
+TP-sharded GEMMs they feed or drain (:func:`tp_gemm_nodes`) and n = t steps::
+
+    paid(C, W, n) = C / n + x(C (n - 1) / n, W)
+    x(C', W)      = max(0, C' - W) + INTERFERENCE min(C', W)
+
+One step of the transfer has nothing to hide behind (the first chunk of an all-gather is
+needed before any GEMM, the last partial sum of a reduce-scatter is ready only after the
+last GEMM: Wang et al. sec. 3.2), the rest hides behind at most the GEMMs' time, and what
+hides still costs INTERFERENCE = 0.1 of its time (:mod:`autoplan.cost.overlap`: the SMs
+and HBM bandwidth the communication kernels take -- TE's userbuffers reduce-scatter runs on
+16 SMs of 132 on H100, 12%; copy-engine transfers take no SMs but share HBM -- and the
+lower efficiency of the n smaller GEMMs). At t = 1 nothing is paid either way. The window
+is the GEMMs' total, not the layer's: softmax, norms and element-wise work do not consume
+an all-gathered input or produce a reduce-scattered output.
+
+The step composition applies it (:mod:`autoplan.cost.step`, ``ChunkCost.tp_paid``) to the
+chunk's in-layer communication, which under ``tp_comm_overlap`` is TP only (the plan rejects
+it with expert or context parallelism, whose all-to-alls and key/value exchanges are not
+decomposed this way).
+"""
+
+from __future__ import annotations
+
+from autoplan.cost.compute import op_kind
+from autoplan.cost.overlap import INTERFERENCE, exposed
+
+
+def paid(comm: float, window: float, steps: int, interference: float = INTERFERENCE) -> float:
+    """paid(C, W, n) of the module docstring: seconds of ``comm`` s of TP collectives the
+    step still pays when decomposed into ``steps`` beside ``window`` s of GEMMs."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not comm >= 0 or not window >= 0:
+        raise ValueError(f"comm and window must be >= 0 seconds, got {comm!r}, {window!r}")
+    if steps == 1:
+        return comm
+    first = comm / steps
+    return first + exposed(comm - first, window, interference)
+
+
+def tp_gemm_nodes(graph) -> frozenset[str]:
+    """Nodes of ``graph`` whose compute hides TP collectives under overlap: the matmuls of
+    column- and row-parallel ops (Megatron's ColumnParallelLinear / RowParallelLinear)."""
+    return frozenset(name for name, node in graph.nodes.items()
+                     if node.tp_role in ("column", "row") and op_kind(node) == "matmul")
