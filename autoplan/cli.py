@@ -137,11 +137,13 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=_count(1), help="default: devices / (tp * pp)")
     g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     g.add_argument("--micro-batch", type=_count(1), default=1)
-    g.add_argument("--checkpoint", choices=("none", "full"), default="none",
-                   help="activation recomputation")
+    g.add_argument("--checkpoint", choices=("none", "selective", "full"), default="none",
+                   help="activation recomputation (selective: the attention core only)")
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default="1f1b")
     g.add_argument("--virtual-stages", type=_count(1), default=1)
     g.add_argument("--sp", action="store_true", help="sequence parallelism (needs tp > 1)")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="overlap TP collectives with their GEMMs (needs --sp)")
     g.add_argument("--ep", type=_count(1), default=1,
                    help="expert parallelism: experts split over ep of the dp ranks (MoE)")
     g.add_argument("--cp", type=_count(1), default=1,
@@ -376,7 +378,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                     pp=args.pp, dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
                     checkpoint=args.checkpoint, schedule=args.schedule,
                     virtual_stages=args.virtual_stages, sequence_parallel=args.sp,
-                    ep=args.ep, cp=args.cp)
+                    ep=args.ep, cp=args.cp, tp_comm_overlap=args.tp_comm_overlap)
     best = None
     if not args.no_compare:
         best, _ = _progress_search(problem, top_k=0, quiet=args.json)

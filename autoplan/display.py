@@ -52,7 +52,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "parallel": plan.label(),
         "config": {k: getattr(plan.parallel, k) for k in (
             "dp", "tp", "pp", "zero", "sequence_parallel", "micro_batch", "num_micro_batches",
-            "schedule", "virtual_stages", "checkpoint", "ep", "cp")},
+            "schedule", "virtual_stages", "checkpoint", "ep", "cp", "tp_comm_overlap")},
         "stages": [{"index": s.index, "layers": [s.layer_names[0], s.layer_names[-1]],
                     "num_layers": len(s.layer_names), "ranks": [s.ranks[0], s.ranks[-1]],
                     "mesh_shape": list(s.mesh_shape), "axis_names": list(s.axis_names),

@@ -35,9 +35,9 @@ selectively recomputed layer keeps.
 from __future__ import annotations
 
 from autoplan.cost.compute import op_kind
+from autoplan.plan_parts import RECOMPUTE_MODES   # the modes a plan names, least recomputed first
 
-#: The recomputation modes a plan names (``parallel.checkpoint``), least to most recomputed.
-RECOMPUTE_MODES = ("none", "selective", "full")
+__all__ = ["RECOMPUTE_MODES", "attention_core", "core_fwd_flops", "korthikanti_layer_bytes"]
 
 
 def _attention_shaped(shape: tuple[int, ...], seq_len: int | None) -> bool:
