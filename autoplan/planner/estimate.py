@@ -108,7 +108,9 @@ class Estimator:
         fwd = bwd = core = gemm_f = gemm_b = 0.0
         for name in self.graph.layers[index].nodes:
             node = self.graph.nodes[name]
-            sharded = node.tp_role != "replicated" or sp
+            # sequence-sharded: the replicated ops on batch tensors (not a causal mask built
+            # from constants, which every rank makes whole, as the search prices it)
+            sharded = node.tp_role != "replicated" or (sp and self._batchy[name][0])
             f, b = self.compute.op_time_at(node, self.graph, tp if sharded else 1,
                                            scale if self._batchy[name][0] else 1.0)
             fwd += f
