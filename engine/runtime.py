@@ -124,6 +124,12 @@ def check_all(plan: Plan, source: str, *, world_size: int,
                         "built-in GPT's layers support both: autoplan.models.moe, "
                         "autoplan.models.context_parallel); export it to Megatron-LM or "
                         "torchtitan, or plan with --ep 1 --cp 1")
+    if plan.parallel.tp_comm_overlap:
+        raise PlanError(f"plan {source}: field 'parallel.tp_comm_overlap': the engine does "
+                        "not overlap tensor-parallel collectives with their GEMMs (Megatron-LM "
+                        "--tp-comm-overlap needs Transformer Engine userbuffers, torchtitan's "
+                        "async TP torch.compile on CUDA); export it to Megatron-LM or "
+                        "torchtitan, or plan without it (its prediction assumes the overlap)")
     from engine.validate import check_device, check_model, check_world
 
     check_world(plan, source, world_size=world_size, local_world_size=local_world_size)

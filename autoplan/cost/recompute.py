@@ -13,18 +13,21 @@ parallelism (eq. 1-2 and sec. 5, Table 2):
 the softmax, the softmax dropout and the attention over V -- in backward: the operations
 whose saved tensors are the (b, a, s, s) attention matrices (2 a s^2 b for Q K^T, 2 a s^2 b
 for the softmax output, a s^2 b for the dropout mask = 5 a s^2 b, the 5 a s / h term) but
-whose FLOPs are a small part of the layer's (sec. 5: 2 matmuls of 2 b s^2 h FLOPs each, i.e.
-4 b s^2 h of the layer's 24 b s h^2 + 4 b s^2 h forward, eq. 8 of Narayanan et al. 2021).
-The extra work per layer is the attention core's forward, once per backward; the paper
-measures 2.7% (GPT-3 175B) to 1.6% (MT-NLG 530B) more compute, against 33-39% for full
-recomputation (Table 4: 36% and 33%).
+whose FLOPs are a small part of the layer's: two matmuls of 2 b s^2 h FLOPs each, 4 b s^2 h
+of the layer's forward 24 b s h^2 + 4 b s^2 h (Narayanan et al. 2021, sec. 5.1). Sec. 5's
+examples: GPT-3 (a = 96, s = 2048, h = 12288: 5 a s / h = 80) keeps 70% less activation
+memory with selective recomputation (80 / 114), MT-NLG 530B (a = 128, s = 2048,
+h = 20480: 64) 65% less (64 / 98) -- ``tests/test_recompute.py`` checks
+:func:`korthikanti_layer_bytes` against both. The extra FLOPs, over a training step's
+72 b s h^2 (1 + s / (6 h)) per layer, are s / (18 h (1 + s / (6 h))): 0.9% for GPT-3, 0.55%
+for MT-NLG, against a third of the step for full recomputation.
 
 In a traced graph the attention core is the ops of a block that produce or read an
 attention-matrix-shaped tensor (``(..., s, s)``, :mod:`autoplan.trace.saved`'s test) and the
 fused attention ops (``F.scaled_dot_product_attention``: flash / memory-efficient kernels
 keep no attention matrix, only their inputs, output and log-sum-exp, so there selective
-recomputation saves almost nothing and costs the kernel's forward again -- the planner then
-does not pick it, as Megatron-LM's documentation advises with flash attention).
+recomputation saves almost nothing and costs the kernel's forward again, and the grid
+does not enumerate it: :mod:`autoplan.planner.uniform`).
 
 The one place those ops are named is :func:`attention_core`; the step composition
 (:mod:`autoplan.cost.step`) prices their forward once more per micro-batch, and
