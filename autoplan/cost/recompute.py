@@ -22,9 +22,9 @@ h = 20480: 64) 65% less (64 / 98) -- ``tests/test_recompute.py`` checks
 72 b s h^2 (1 + s / (6 h)) per layer, are s / (18 h (1 + s / (6 h))): 0.9% for GPT-3, 0.55%
 for MT-NLG, against a third of the step for full recomputation.
 
-In a traced graph the attention core is the ops of a block that produce or read an
-attention-matrix-shaped tensor (``(..., s, s)``, :mod:`autoplan.trace.saved`'s test) and the
-fused attention ops (``F.scaled_dot_product_attention``: flash / memory-efficient kernels
+In a traced graph the attention core is found from each block's softmax: the ops on
+tensors of its shape back to the Q K^T matmul and on to the matmul with V
+(:func:`attention_core`), and the fused attention ops (``F.scaled_dot_product_attention``: flash / memory-efficient kernels
 keep no attention matrix, only their inputs, output and log-sum-exp, so there selective
 recomputation saves almost nothing and costs the kernel's forward again, and the grid
 does not enumerate it: :mod:`autoplan.planner.uniform`).
@@ -43,31 +43,56 @@ from autoplan.plan_parts import RECOMPUTE_MODES   # the modes a plan names, leas
 __all__ = ["RECOMPUTE_MODES", "attention_core", "core_fwd_flops", "korthikanti_layer_bytes"]
 
 
-def _attention_shaped(shape: tuple[int, ...], seq_len: int | None) -> bool:
-    if len(shape) < 3 or shape[-1] != shape[-2] or shape[-1] <= 1:
-        return False
-    return seq_len is None or shape[-1] == seq_len
+_SOFTMAX = ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax")
+_MATMUL = ("bmm", "matmul", "baddbmm", "einsum")
 
 
 def attention_core(graph) -> frozenset[str]:
     """Names of the nodes of ``graph``'s blocks that selective recomputation recomputes
-    (module docstring): fused attention ops, and the non-view ops writing or reading an
-    attention-matrix-shaped tensor (Q K^T, scale, mask, softmax, dropout, attention x V).
-    Callers keep the result (one pass over the graph)."""
-    seq = graph.batch.seq_len
-    out = set()
+    (module docstring): the fused attention ops; and around each softmax of a block, the
+    ops producing its input back to the Q K^T matmul (scale, mask) and those consuming its
+    output up to the matmul with V (dropout), following only tensors of the softmax's shape
+    and views of them (so a causal mask built from constants is not part of it). Callers keep the result (one
+    pass over the graph)."""
+    consumers: dict[str, list[str]] = {}
+    for name, node in graph.nodes.items():
+        for src in node.inputs:
+            consumers.setdefault(src, []).append(name)
+
+    def shape(name: str) -> tuple:
+        meta = graph.nodes[name].output_meta
+        return tuple(meta[0].shape) if meta else ()
+
+    out: set[str] = set()
     for layer in graph.layers:
         if layer.name.startswith("<"):          # blocks only ("<pre>", "<post>" are not)
             continue
+        members = set(layer.nodes)
         for name in layer.nodes:
             node = graph.nodes[name]
-            kind = op_kind(node)
+            kind, base = op_kind(node), node.op.split(".")[1] if "." in node.op else node.op
             if kind == "attention":
                 out.add(name)
-            elif kind not in ("view", "comm") and (
-                    any(_attention_shaped(tuple(m.shape), seq) for m in node.output_meta)
-                    or any(_attention_shaped(tuple(m.shape), seq) for m in node.input_meta)):
-                out.add(name)
+                continue
+            if base not in _SOFTMAX:
+                continue
+            attn = shape(name)
+            out.add(name)
+            for step, frontier in (("up", list(node.inputs)), ("down", consumers.get(name, []))):
+                todo = list(frontier)
+                while todo:
+                    n = todo.pop()
+                    if n in out or n not in members:
+                        continue
+                    nd = graph.nodes[n]
+                    b = nd.op.split(".")[1] if "." in nd.op else nd.op
+                    if b in _MATMUL:                 # Q K^T (up) or P V (down): the ends
+                        out.add(n)
+                        continue
+                    if shape(n) != attn and op_kind(nd) != "view":   # another tensor
+                        continue
+                    out.add(n)
+                    todo += list(nd.inputs) if step == "up" else consumers.get(n, [])
     return frozenset(out)
 
 
