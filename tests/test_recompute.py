@@ -19,7 +19,7 @@ import torch
 from autoplan.api import estimate, prepare
 from autoplan.cost.memory import activation_bytes, selective_peak_bytes
 from autoplan.cost.recompute import attention_core, core_fwd_flops, korthikanti_layer_bytes
-from autoplan.cost.tp_overlap import paid
+from autoplan.cost.tp_overlap import EFFICIENCY, paid
 from autoplan.errors import ConfigError, PlanError
 from autoplan.export.common import NotExpressibleError
 from autoplan.export.deepspeed import deepspeed_config
@@ -69,12 +69,15 @@ def test_selective_reduction_matches_korthikanti(name, a, s, h, reduction):
 
 
 def test_tp_overlap_price():
-    """paid(C, W, n): no overlap at n = 1; never more than C; C / n + 0.1 of the rest when
-    the GEMMs are long enough; with no GEMM time all of C."""
+    """paid(C, W, n): no overlap at n = 1; never more than C; of the (n - 1) / n that can
+    hide, EFFICIENCY hides when the GEMMs are long enough, at 0.1 of its time; with no GEMM
+    time all of C."""
+    e = EFFICIENCY
     assert paid(1.0, 5.0, 1) == 1.0
     assert paid(1.0, 0.0, 4) == pytest.approx(1.0)
-    assert paid(1.0, 5.0, 4) == pytest.approx(0.25 + 0.1 * 0.75)
-    assert paid(1.0, 0.3, 4) == pytest.approx(0.25 + (0.75 - 0.3) + 0.1 * 0.3)
+    assert paid(1.0, 5.0, 4) == pytest.approx(1 - 0.9 * e * 0.75)
+    assert paid(1.0, 0.3, 4) == pytest.approx(1 - 0.9 * 0.3)
+    assert paid(1.0, 5.0, 4, efficiency=1.0) == pytest.approx(0.25 + 0.1 * 0.75)
     for c, w, n in ((2.0, 0.5, 2), (0.1, 3.0, 8), (1.0, 1.0, 4)):
         assert 0 < paid(c, w, n) <= c
     with pytest.raises(ValueError):
