@@ -158,6 +158,27 @@ def test_grid_enumerates_the_new_options_where_they_apply(eager):
     assert not any(p.tp_comm_overlap for p in enumerate_configs(cpu.graph, cpu.cluster, 16))
 
 
+def test_search_recomputes_selectively_per_stage():
+    """The search prices selective stages (the attention core's forward again, its matrices
+    dropped) and writes them as a 'selective' plan."""
+    from autoplan.planner.search import SearchOptions, search
+    from autoplan.planner.to_plan import build_search_plan
+
+    problem = prepare(resolve("gpt", **dict(EAGER, layers=4, hidden=256, heads=4)),
+                      "dgx-a100", global_batch=16, precision="mixed")
+    res = search(problem.spec, problem.graph, problem.cluster, global_batch=16,
+                 options=SearchOptions(checkpoint=("selective",), micro_batches=(1, 2)))
+    best = res.ranked[0]
+    assert all(st.selective and not st.checkpoint for st in best.choice.stages)
+    assert best.prediction.time.recompute > 0
+    plan = build_search_plan(res, problem.spec, problem.cluster, global_batch=16,
+                             seq_len=problem.seq_len, precision=problem.precision_dict,
+                             top_k=0)
+    assert plan.parallel.checkpoint == "selective"
+    assert all(st.checkpoint_layers for st in plan.stages if any(
+        n.startswith("blocks.") for n in st.layer_names))
+
+
 # ---- the plan ----------------------------------------------------------------------------
 def test_plan_fields_validate_with_clear_errors():
     with pytest.raises(PlanError, match="parallel.checkpoint.*'selective'"):

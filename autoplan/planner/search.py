@@ -17,7 +17,9 @@ Steps (timings in ``SearchResult.seconds``):
    * price every layout of every kind on every submesh's logical meshes
      (:func:`~autoplan.planner.tables.kind_table`), and every unit range on every submesh
      at every pipeline position (:func:`~autoplan.planner.tables.range_table`): the best
-     (layouts, ZeRO stage, recomputation) that fits in device memory;
+     (layouts, ZeRO stage, recomputation) that fits in device memory -- recomputation none,
+     full or selective (the attention core, :mod:`autoplan.cost.recompute`; where blocks
+     keep attention matrices), per stage, a plan never mixing full and selective stages;
    * **inter-op pass**: Alpa's DP over stages and submeshes
      (:func:`~autoplan.planner.inter_op.pipeline_dp`) for 1F1B (GPipe has the same latency
      and more activations in flight);
