@@ -128,6 +128,11 @@ class TensorEdge:
     nbytes: float              # full bytes at the micro-batch
 
 
+#: Columns of ``KindCosts.extra``: attention-core forward s, its saved bytes, TP-GEMM s.
+CORE_FWD, CORE_ACT, GEMM_FWD, GEMM_BWD = range(4)
+EXTRA = 4
+
+
 @dataclass
 class KindCosts:
     """Per-anchor arrays over the anchor's candidate strategies valid on ``mesh``."""
@@ -160,14 +165,10 @@ class KindCosts:
     # per anchor, per candidate: matmuls reading a parameter sharded along an axis of size
     # > 1 (tensor parallelism; what DTensor's per-module work is counted by on shared cores,
     # :mod:`autoplan.cost.shared_cores`)
-    core_fwd: list[np.ndarray] = field(default_factory=list)
-    # per anchor, per candidate: forward seconds of its attention-core ops (what selective
-    # recomputation repeats, :mod:`autoplan.cost.recompute`)
-    core_act: list[np.ndarray] = field(default_factory=list)
-    # ... bytes of their saved attention matrices (what selective recomputation drops)
-    gemm_fwd: list[np.ndarray] = field(default_factory=list)
-    gemm_bwd: list[np.ndarray] = field(default_factory=list)
-    # ... compute seconds of its TP-sharded GEMMs (:mod:`autoplan.cost.tp_overlap`)
+    extra: list[np.ndarray] = field(default_factory=list)
+    # per anchor, (candidates, EXTRA): its attention core's forward seconds and saved bytes
+    # (selective recomputation, :mod:`autoplan.cost.recompute`), its TP-sharded GEMMs'
+    # forward and backward seconds (:mod:`autoplan.cost.tp_overlap`)
 
     def index(self, pos: int) -> int:
         return self.anchors.index(pos)
@@ -272,13 +273,11 @@ class CostModel:
         structure = self._structure(kg, mesh.shape, exported)
         anchors = kg.anchors
         cand, fwd, bwd, act, psi, gathered, out_specs = [], [], [], [], [], [], []
-        cfwd, cbwd, internal, tp_mm = [], [], [], []
-        core_f, core_a, gemm_f, gemm_b = [], [], [], []
+        cfwd, cbwd, internal, tp_mm, extra = [], [], [], [], []
         core, gemms = self._core_and_gemms
         in_info: dict[tuple[int, int], tuple[int, list, list]] = {}
         for ai, a in enumerate(anchors):
-            keep, f_l, b_l, act_l, psi_l, g_l, mm_l = [], [], [], [], [], [], []
-            cof_l, coa_l, gf_l, gb_l = [], [], [], []
+            keep, f_l, b_l, act_l, psi_l, g_l, mm_l, ex_l = [], [], [], [], [], [], [], []
             cf_l, cb_l, in_l = [], [], []
             outs: dict[tuple[int, int], list] = {}
             ins: dict[tuple[int, int], tuple[list, list]] = {}
@@ -307,11 +306,8 @@ class CostModel:
                 b_l.append(b)
                 act_l.append(sum(nb * (scale_b if batchy else 1.0) / shard
                                  for nb, batchy, shard, _ in rec.saved))
-                coa_l.append(sum(nb * (scale_b if batchy else 1.0) / shard
-                                 for nb, batchy, shard, attn in rec.saved if attn))
-                cof_l.append(cof)
-                gf_l.append(gf)
-                gb_l.append(gb)
+                ex_l.append((cof, sum(nb * (scale_b if batchy else 1.0) / shard
+                                      for nb, batchy, shard, attn in rec.saved if attn), gf, gb))
                 psi_l.append(rec.pvec)
                 g_l.append(rec.gbytes)
                 mm_l.append(rec.tp_matmuls)
@@ -335,10 +331,7 @@ class CostModel:
             psi.append(np.array(psi_l).reshape(len(keep), len(BUCKETS)))
             gathered.append(np.array(g_l))
             tp_mm.append(np.array(mm_l, dtype=int))
-            core_f.append(np.array(cof_l))
-            core_a.append(np.array(coa_l))
-            gemm_f.append(np.array(gf_l))
-            gemm_b.append(np.array(gb_l))
+            extra.append(np.array(ex_l).reshape(len(keep), EXTRA))
             out_specs.append(outs)
             for key, (specs, spl) in ins.items():
                 in_info[key] = (ai, specs, spl)
@@ -360,7 +353,7 @@ class CostModel:
                 edges.append(TensorEdge(u, src.ref, src.output, v, m, q, nbytes))
         return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
                          act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
-                         tp_mm, core_f, core_a, gemm_f, gemm_b)
+                         tp_mm, extra)
 
     def _structure(self, kg: KindGraph, sizes: tuple[int, int], exported: frozenset[int]
                    ) -> list[list[tuple[int, "_Candidate"]]]:

@@ -44,8 +44,9 @@ from autoplan.cost.recompute import core_fwd_flops
 from autoplan.cost.step import ChunkCost, ParamBucket, StepModel, Workload
 from autoplan.plan import Prediction
 from autoplan.planner.compose import ModelStructure, transition_edges
-from autoplan.planner.costs import (BUCKETS, CostModel, KindCosts, TensorEdge, conversions,
-                                    grad_spec, passes_partial, required_grad)
+from autoplan.planner.costs import (BUCKETS, CORE_ACT, CORE_FWD, GEMM_BWD, GEMM_FWD,
+                                    CostModel, KindCosts, TensorEdge, conversions, grad_spec,
+                                    passes_partial, required_grad)
 from autoplan.planner.mesh import LogicalMesh
 
 Buckets = dict[tuple[str, str, int], float]      # (direction, collective, axis) -> bytes
@@ -274,11 +275,12 @@ class Evaluator:
             for ai, j in enumerate(ch):
                 fwd += kc.fwd[ai][j]
                 bwd += kc.bwd[ai][j]
-                gemm_f += kc.gemm_fwd[ai][j]
-                gemm_b += kc.gemm_bwd[ai][j]
+                ex = kc.extra[ai][j]
+                gemm_f += ex[GEMM_FWD]
+                gemm_b += ex[GEMM_BWD]
                 if selective:
-                    core += kc.core_fwd[ai][j]
-                    layer_core += kc.core_act[ai][j]
+                    core += ex[CORE_FWD]
+                    layer_core += ex[CORE_ACT]
                 layer_act += kc.act[ai][j]
                 layer_gathered += kc.gathered[ai][j]
                 p = kc.psi[ai][j]

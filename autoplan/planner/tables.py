@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.planner.costs import BUCKETS, REDUCE_BYTES
+from autoplan.planner.costs import BUCKETS, CORE_ACT, CORE_FWD, REDUCE_BYTES
 from autoplan.planner.estimate import OVERLAP_COST
 from autoplan.planner.evaluate import Evaluator
 from autoplan.planner.mesh import LogicalMesh
@@ -97,8 +97,8 @@ def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
         rows.append((f, b, ev._time(fb, mesh), ev._time(bb, mesh), act,
                      _kept(ev, kind, mesh, micro_batch, ch), psi,
                      sum(kc.gathered[ai][j] for ai, j in enumerate(ch)),
-                     sum(kc.core_fwd[ai][j] for ai, j in enumerate(ch)),
-                     sum(kc.core_act[ai][j] for ai, j in enumerate(ch))))
+                     sum(kc.extra[ai][j, CORE_FWD] for ai, j in enumerate(ch)),
+                     sum(kc.extra[ai][j, CORE_ACT] for ai, j in enumerate(ch))))
     arr = list(zip(*rows))
     return KindTable(valid, *(np.array(a, dtype=float) for a in arr[:6]),
                      np.array(arr[6]), np.array(arr[7], dtype=float), row_of,
