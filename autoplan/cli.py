@@ -168,6 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "DP/TP/PP/ZeRO configurations alone (what the exporters express)")
     p.add_argument("-o", "--output", default="plan.json", help="plan file (default plan.json)")
     p.add_argument("--top-k", type=int, default=5, help="alternatives to keep and show")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="also consider TP collectives overlapped with their GEMMs (Megatron-LM "
+                   "--tp-comm-overlap, torchtitan async TP): for plans you export; the "
+                   "engine does not run them")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
@@ -335,8 +339,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     problem = _prepare(args, check_fits=True)
     t_trace = time.perf_counter() - t0
+    from autoplan.planner.uniform import SearchSpace
+
+    space = SearchSpace(tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,))
     if args.planner == "uniform":
-        plan, result = _progress_search(problem, top_k=args.top_k, quiet=args.json)
+        plan, result = _progress_search(problem, space, top_k=args.top_k, quiet=args.json)
         search_s = result.seconds
         how = (f"searched {result.evaluated} configurations ({result.feasible} fit) in "
                f"{result.seconds:.1f} s")
@@ -348,7 +355,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         with Console(stderr=True).status("searching: intra-op ILP and inter-op stage DP ...",
                                          spinner="dots"):
             t1 = time.perf_counter()
-            plan, result = plan_problem(problem, top_k=args.top_k, planner="auto")
+            plan, result = plan_problem(problem, space=space, top_k=args.top_k,
+                                        planner="auto")
             search_s = time.perf_counter() - t1
         st = getattr(result, "stats", None)           # None: the grid alone (plan's note)
         how = (f"searched in {search_s:.1f} s ({st['ilp_solves']} intra-op ILPs, the stage DP "

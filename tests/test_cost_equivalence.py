@@ -30,7 +30,7 @@ from autoplan.planner.costs import CostModel
 from autoplan.planner.estimate import Estimator
 from autoplan.planner.evaluate import Evaluator
 from autoplan.planner.megatron import uniform_choice
-from autoplan.planner.uniform import enumerate_configs
+from autoplan.planner.uniform import SearchSpace, enumerate_configs
 
 REL = 1e-9
 SAMPLES = {"gpu": 130, "gpu_eager": 80, "cpu": 90}        # 300 configurations in all
@@ -42,7 +42,8 @@ def _setup(spec, cluster, global_batch, precision, nodes=None):
     ev = Evaluator(CostModel(problem.graph, problem.cluster, precision=precision),
                    analyse(problem.spec, problem.graph))
     est = Estimator(problem.graph, problem.cluster, precision=precision)
-    configs = list(enumerate_configs(problem.graph, problem.cluster, global_batch))
+    configs = list(enumerate_configs(problem.graph, problem.cluster, global_batch,
+                                     SearchSpace(tp_comm_overlap=(False, True))))
     return problem, ev, est, configs
 
 

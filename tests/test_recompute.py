@@ -27,7 +27,7 @@ from autoplan.export.megatron import megatron_args
 from autoplan.export.torchtitan import to_torchtitan
 from autoplan.models import resolve
 from autoplan.plan import ParallelConfig, Plan
-from autoplan.planner.uniform import enumerate_configs
+from autoplan.planner.uniform import SearchSpace, enumerate_configs
 from engine_helpers import TINY, losses, make_plan, max_rel_diff, run_plans
 
 EAGER = dict(vocab_size=2048, hidden=512, layers=8, heads=8, seq_len=256, attention="eager")
@@ -150,12 +150,18 @@ def test_tp_overlap_lowers_only_tp_time(eager):
 
 
 def test_grid_enumerates_the_new_options_where_they_apply(eager):
+    """Selective where blocks keep attention matrices; TP-communication overlap only when
+    asked (plans for the exporters: the engine does not run it), on GPUs, tp > 1 with SP."""
     configs = list(enumerate_configs(eager.graph, eager.cluster, 16))
     assert {p.checkpoint for p in configs} == {"none", "selective", "full"}
-    over = [p for p in configs if p.tp_comm_overlap]
+    assert not any(p.tp_comm_overlap for p in configs)
+    both = SearchSpace(tp_comm_overlap=(False, True))
+    over = [p for p in enumerate_configs(eager.graph, eager.cluster, 16, both)
+            if p.tp_comm_overlap]
     assert over and all(p.tp > 1 and p.sequence_parallel for p in over)
     cpu = prepare(resolve("gpt", **EAGER), "local-cpu", global_batch=16, precision="fp32")
-    assert not any(p.tp_comm_overlap for p in enumerate_configs(cpu.graph, cpu.cluster, 16))
+    assert not any(p.tp_comm_overlap
+                   for p in enumerate_configs(cpu.graph, cpu.cluster, 16, both))
 
 
 def test_search_recomputes_selectively_per_stage():

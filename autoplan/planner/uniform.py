@@ -8,8 +8,9 @@ dp > 1), sequence parallelism (only with tp > 1), micro-batch size ``b`` (dividi
 batch) and count ``m = B / (dp·b)`` (at least ``pp`` when pipelining), recomputation none,
 selective or full (:mod:`autoplan.cost.recompute`; selective only where a block keeps
 attention matrices: with fused attention it saves no memory and costs time, so it never
-wins), TP-communication overlap on or off (GPU clusters, tp > 1 with sequence parallelism,
-no ep or cp: :mod:`autoplan.cost.tp_overlap`), and the schedule (GPipe, 1F1B, interleaved 1F1B with v chunks when the blocks and
+wins), TP-communication overlap on or off when the space asks for it (GPU clusters, tp > 1
+with sequence parallelism, no ep or cp: :mod:`autoplan.cost.tp_overlap`; the engine does not
+run it, so only plans for the exporters do), and the schedule (GPipe, 1F1B, interleaved 1F1B with v chunks when the blocks and
 micro-batches divide), context parallelism ``cp`` for long sequences (:func:`context_degrees`;
 ``dp = world / (tp·pp·cp)``) and expert parallelism ``ep`` for mixtures of experts (folded
 into data parallelism, :func:`expert_degrees`). Candidates that exceed device memory are dropped; the rest are sorted
@@ -49,7 +50,9 @@ class SearchSpace:
     tp_with_pp: bool = True                 # False: tensor parallelism only without pipelines
     ep: tuple[int, ...] | None = None       # default: every divisor of dp and of the experts
     cp: tuple[int, ...] | None = None       # default: context_degrees()
-    tp_comm_overlap: tuple[bool, ...] = (False, True)   # where it applies (enumerate_configs)
+    # TP-communication overlap where it applies (enumerate_configs); off by default, as the
+    # engine does not run it: ``autoplan plan --tp-comm-overlap`` plans for the exporters
+    tp_comm_overlap: tuple[bool, ...] = (False,)
 
 
 #: Context parallelism is considered while every rank keeps at least this many tokens of a
