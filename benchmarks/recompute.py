@@ -155,7 +155,7 @@ def async_tp() -> tuple[list, list]:
                                   f"{published:.3f}x", "published within predicted +-0.05",
                                   [round(g, 4) for g in got], lo <= published <= hi))
     print_table("torchtitan async TP over vanilla TP (H100, bf16, seq 8192)",
-                ["run", "EFFICIENCY", "recomputation priced", "published", "predicted",
+                ["run", "EFFICIENCY is", "recomputation priced", "published", "predicted",
                  "TP comm per step",
                  "step"], rows)
     return out, targets
