@@ -96,11 +96,11 @@ def attention_core(graph) -> frozenset[str]:
     return frozenset(out)
 
 
-def core_fwd_flops(graph, layers=None) -> float:
+def core_fwd_flops(graph, layers=None, core: frozenset[str] | None = None) -> float:
     """Forward FLOPs of the attention core of ``layers`` (indices; default all) at the
     traced micro-batch: what selective recomputation repeats, which the hardware-FLOP
-    count adds."""
-    core = attention_core(graph)
+    count adds. ``core``: :func:`attention_core` of the graph, if the caller keeps it."""
+    core = attention_core(graph) if core is None else core
     idx = range(len(graph.layers)) if layers is None else layers
     return float(sum(graph.nodes[n].fwd_flops for i in idx for n in graph.layers[i].nodes
                      if n in core))

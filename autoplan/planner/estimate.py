@@ -443,7 +443,7 @@ class Estimator:
             recompute_flops = sum(layer.stats.fwd_flops for layer in self.graph.blocks()) \
                 * gb / self.b0
         elif p.checkpoint == "selective":
-            recompute_flops = core_fwd_flops(self.graph) * gb / self.b0
+            recompute_flops = core_fwd_flops(self.graph, core=self._core) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,
                         tokens=gb * (self.graph.batch.seq_len or 1), model_flops=model_flops,

@@ -391,7 +391,8 @@ class Evaluator:
                            + core_fwd_flops(graph, [l for st in p.stages
                                                     if st.selective and not st.checkpoint
                                                     for l in range(st.start, st.end)
-                                                    if self.ms.is_block[l]])) * gb / self.b0
+                                                    if self.ms.is_block[l]],
+                                          self.cm._core_and_gemms[0])) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,
                         tokens=gb * (graph.batch.seq_len or 1), model_flops=model_flops,
