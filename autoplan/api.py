@@ -398,12 +398,15 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
              zero: int = 0, micro_batch: int = 1, checkpoint: str = "none",
              schedule: str = "1f1b", virtual_stages: int = 1,
              sequence_parallel: bool = False, ep: int = 1, cp: int = 1,
-             problem: Problem | None = None) -> Plan:
+             tp_comm_overlap: bool = False, problem: Problem | None = None) -> Plan:
     """The prediction for one configuration the user gives, as a Plan (check ``fits(plan)``).
 
     ``dp`` defaults to world / (tp·pp·cp); the number of micro-batches follows from the
     global batch: ``m = global_batch / (dp · micro_batch)``. ``ep``: expert parallelism (a
-    divisor of dp splitting the experts); ``cp``: context parallelism (ranks per sequence). A degree or size that is not a positive
+    divisor of dp splitting the experts); ``cp``: context parallelism (ranks per sequence);
+    ``checkpoint``: 'none', 'selective' (the attention core) or 'full' recomputation;
+    ``tp_comm_overlap``: TP collectives overlapped with their GEMMs (needs sequence
+    parallelism). A degree or size that is not a positive
     integer, or degrees that do not multiply to the cluster's devices, raise ConfigError
     naming the argument (before the model is traced).
     """
@@ -419,9 +422,15 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     if not isinstance(sequence_parallel, bool):
         raise ConfigError(f"must be True or False, got {sequence_parallel!r}"[:200],
                           field="sequence_parallel")
-    if checkpoint not in ("none", "full"):
-        raise ConfigError(f"must be 'none' or 'full', got {checkpoint!r}"[:200],
+    if checkpoint not in ("none", "selective", "full"):
+        raise ConfigError(f"must be 'none', 'selective' or 'full', got {checkpoint!r}"[:200],
                           field="checkpoint")
+    if not isinstance(tp_comm_overlap, bool):
+        raise ConfigError(f"must be True or False, got {tp_comm_overlap!r}"[:200],
+                          field="tp_comm_overlap")
+    if tp_comm_overlap and not (sequence_parallel and tp > 1 and ep == 1 and cp == 1):
+        raise ConfigError("needs tp > 1 with sequence parallelism, ep = 1 and cp = 1",
+                          field="tp_comm_overlap")
     if schedule not in SCHEDULES:
         raise ConfigError(f"must be one of {', '.join(SCHEDULES)}, got {schedule!r}"[:200],
                           field="schedule")
@@ -460,7 +469,8 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     parallel = ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sequence_parallel=sequence_parallel,
                               micro_batch=micro_batch, num_micro_batches=per_rank,
                               schedule=schedule, virtual_stages=virtual_stages,
-                              checkpoint=checkpoint, ep=ep, cp=cp)
+                              checkpoint=checkpoint, ep=ep, cp=cp,
+                              tp_comm_overlap=tp_comm_overlap)
     _check_shardable(problem, parallel)
     prediction = problem.estimator().predict(parallel)
     return build_plan(problem.graph, problem.spec, problem.cluster, parallel,

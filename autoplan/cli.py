@@ -139,11 +139,13 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=_count(1), help="default: devices / (tp * pp)")
     g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     g.add_argument("--micro-batch", type=_count(1), default=1)
-    g.add_argument("--checkpoint", choices=("none", "full"), default="none",
-                   help="activation recomputation")
+    g.add_argument("--checkpoint", choices=("none", "selective", "full"), default="none",
+                   help="activation recomputation (selective: the attention core only)")
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default="1f1b")
     g.add_argument("--virtual-stages", type=_count(1), default=1)
     g.add_argument("--sp", action="store_true", help="sequence parallelism (needs tp > 1)")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="overlap TP collectives with their GEMMs (needs --sp)")
     g.add_argument("--ep", type=_count(1), default=1,
                    help="expert parallelism: experts split over ep of the dp ranks (MoE)")
     g.add_argument("--cp", type=_count(1), default=1,
@@ -168,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "DP/TP/PP/ZeRO configurations alone (what the exporters express)")
     p.add_argument("-o", "--output", default="plan.json", help="plan file (default plan.json)")
     p.add_argument("--top-k", type=int, default=5, help="alternatives to keep and show")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="also consider TP collectives overlapped with their GEMMs (Megatron-LM "
+                   "--tp-comm-overlap, torchtitan async TP): for plans you export; the "
+                   "engine does not run them")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
@@ -335,8 +341,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     problem = _prepare(args, check_fits=True)
     t_trace = time.perf_counter() - t0
+    from autoplan.planner.grid.uniform import SearchSpace
+
+    space = SearchSpace(tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,))
     if args.planner == "uniform":
-        plan, result = _progress_search(problem, top_k=args.top_k, quiet=args.json)
+        plan, result = _progress_search(problem, space, top_k=args.top_k, quiet=args.json)
         search_s = result.seconds
         bounded = result.priced is not None and result.priced < result.evaluated
         how = (f"searched {result.evaluated} configurations ("
@@ -350,7 +359,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         with Console(stderr=True).status("searching: intra-op ILP and inter-op stage DP ...",
                                          spinner="dots"):
             t1 = time.perf_counter()
-            plan, result = plan_problem(problem, top_k=args.top_k, planner="auto")
+            plan, result = plan_problem(problem, space=space, top_k=args.top_k,
+                                        planner="auto")
             search_s = time.perf_counter() - t1
         st = getattr(result, "stats", None)           # None: the grid alone (plan's note)
         how = (f"searched in {search_s:.1f} s ({st['ilp_solves']} intra-op ILPs, the stage DP "
@@ -380,7 +390,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                     pp=args.pp, dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
                     checkpoint=args.checkpoint, schedule=args.schedule,
                     virtual_stages=args.virtual_stages, sequence_parallel=args.sp,
-                    ep=args.ep, cp=args.cp)
+                    ep=args.ep, cp=args.cp, tp_comm_overlap=args.tp_comm_overlap)
     best = None
     if not args.no_compare:
         best, _ = _progress_search(problem, top_k=0, quiet=args.json)

@@ -53,7 +53,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "parallel": plan.label(),
         "config": {k: getattr(plan.parallel, k) for k in (
             "dp", "tp", "pp", "zero", "sequence_parallel", "micro_batch", "num_micro_batches",
-            "schedule", "virtual_stages", "checkpoint", "ep", "cp")},
+            "schedule", "virtual_stages", "checkpoint", "ep", "cp", "tp_comm_overlap")},
         "stages": [{"index": s.index, "layers": [s.layer_names[0], s.layer_names[-1]],
                     "num_layers": len(s.layer_names), "ranks": [s.ranks[0], s.ranks[-1]],
                     "mesh_shape": list(s.mesh_shape), "axis_names": list(s.axis_names),
@@ -187,7 +187,9 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
     for s in plan.stages[:16]:
         mesh = " x ".join(f"{a}={n}" for a, n in zip(s.axis_names, s.mesh_shape))
         row = [str(s.index), span(s.layer_names[0], s.layer_names[-1], len(s.layer_names)),
-               f"{s.ranks[0]}-{s.ranks[-1]}", mesh, str(len(s.checkpoint_layers))]
+               f"{s.ranks[0]}-{s.ranks[-1]}", mesh,
+               str(len(s.checkpoint_layers)) + (" selective" if s.checkpoint_layers and
+                                                plan.parallel.checkpoint == "selective" else "")]
         if searched:
             pr = s.predicted
             row += [str(plan.parallel.zero if s.zero is None else s.zero),

@@ -15,6 +15,8 @@ from autoplan.errors import PlanError
 from autoplan.plan_fields import MAX_COUNT, MAX_DEVICES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+#: Activation recomputation modes (:mod:`autoplan.cost.recompute`, which prices them).
+RECOMPUTE_MODES = ("none", "selective", "full")
 MESH_AXES = ("pp", "dp", "tp")
 
 
@@ -35,9 +37,10 @@ class ParallelConfig:
     num_micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1            # model chunks per pipeline rank (interleaved 1F1B)
-    checkpoint: str = "none"           # "none" | "full" (every block's input only)
+    checkpoint: str = "none"           # "none" | "selective" (attention core) | "full"
     ep: int = 1                        # expert parallelism: experts split over ep of the dp ranks
     cp: int = 1                        # context parallelism: each sequence split over cp ranks
+    tp_comm_overlap: bool = False      # TP collectives decomposed beside their GEMMs
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages",
@@ -56,9 +59,19 @@ class ParallelConfig:
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise PlanError(f"field 'parallel.schedule': must be one of {SCHEDULES}, "
                             f"got {pf.show.repr(self.schedule)}")
-        if not isinstance(self.checkpoint, str) or self.checkpoint not in ("none", "full"):
-            raise PlanError(f"field 'parallel.checkpoint': must be 'none' or 'full', "
-                            f"got {pf.show.repr(self.checkpoint)}")
+        if not isinstance(self.checkpoint, str) or self.checkpoint not in RECOMPUTE_MODES:
+            raise PlanError(f"field 'parallel.checkpoint': must be 'none', 'selective' or "
+                            f"'full', got {pf.show.repr(self.checkpoint)}")
+        if not isinstance(self.tp_comm_overlap, bool):
+            raise PlanError(f"field 'parallel.tp_comm_overlap': must be true or false, "
+                            f"got {pf.show.repr(self.tp_comm_overlap)}")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise PlanError("field 'parallel.tp_comm_overlap': needs sequence parallelism "
+                            "(tp > 1, sequence_parallel true), as Megatron-LM's and "
+                            "torchtitan's overlap do")
+        if self.tp_comm_overlap and (self.ep > 1 or self.cp > 1):
+            raise PlanError("field 'parallel.tp_comm_overlap': not priced with expert or "
+                            "context parallelism (ep and cp must be 1)")
         if self.virtual_stages > 1 and self.schedule != "interleaved_1f1b":
             raise PlanError("field 'parallel.virtual_stages': > 1 needs schedule "
                             "'interleaved_1f1b'")
@@ -80,8 +93,12 @@ class ParallelConfig:
                  f"pp{self.pp}" + (f"v{self.virtual_stages}" if self.virtual_stages > 1 else ""),
                  f"z{self.zero}", f"mb{self.micro_batch}x{self.num_micro_batches}",
                  self.schedule]
-        if self.checkpoint != "none":
+        if self.tp_comm_overlap:
+            parts.append("tpoverlap")
+        if self.checkpoint == "full":
             parts.append("ckpt")
+        elif self.checkpoint == "selective":
+            parts.append("sel-ckpt")
         return " ".join(parts)
 
 

@@ -54,8 +54,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
-                                                                         checkpoint_wrapper)
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.experimental import implicit_replication
 
@@ -64,6 +62,7 @@ from autoplan.plan import Plan
 from engine.data_parallel import apply_dp, mp_policy_for, set_microbatch
 from engine.mesh import ParallelMesh
 from engine.parallelize import Precision
+from engine.recompute import mode_of, wrap
 from engine.tensor_parallel import tp_placement
 
 PRE, POST = "<pre>", "<post>"
@@ -246,12 +245,11 @@ class _FirstStageInputs(nn.Module):
         return self.module(*(t.clone() for t in batch)).reshape(1)
 
 
-def _checkpoint(root: nn.Module, fqns: Sequence[str]) -> None:
+def _checkpoint(root: nn.Module, fqns: Sequence[str], mode: str = "full") -> None:
     for fqn in fqns:
         owner, _, attr = fqn.rpartition(".")
         parent = root.get_submodule(owner) if owner else root
-        setattr(parent, attr, checkpoint_wrapper(getattr(parent, attr),
-                                                 checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+        setattr(parent, attr, wrap(getattr(parent, attr), mode))
 
 
 def rows(batch: Sequence[torch.Tensor], start: int, stop: int, total: int
@@ -291,7 +289,7 @@ class GenericModel:
 
             register_cpu_attention()
             self.sharded = distribute_tp(model, plan, pm, prefix)
-        _checkpoint(model, ckpt)
+        _checkpoint(model, ckpt, mode_of(plan))
         if p.dp > 1:
             apply_dp(model, pm.dp_mesh, zero=p.zero, pipelined=False, mp_policy=mp,
                      blocks=[model.get_submodule(b) for b in blocks])

@@ -14,7 +14,9 @@ For each plan stage this rank runs (one, or ``virtual_stages`` chunks under inte
    because the later wrappers must see DTensor parameters and unchanged FQNs.
 3. **Activation checkpointing** — ``checkpoint_wrapper`` (non-reentrant, RNG state preserved)
    around each block in the stage's ``checkpoint_layers``: inside the TP hooks' outputs, outside
-   the data-parallel unit, so recomputation happens inside FSDP's all-gathered window.
+   the data-parallel unit, so recomputation happens inside FSDP's all-gathered window; with
+   ``parallel.checkpoint = "selective"`` only the attention core is recomputed
+   (:mod:`engine.recompute`).
 4. **Data parallelism / ZeRO** — ``replicate`` (ZeRO-0) or ``fully_shard`` (ZeRO-1/2/3) per
    block, then the chunk root, on the ``dp`` mesh, with the mixed-precision policy
    (:mod:`engine.data_parallel`). FSDP shards the TP DTensors again on ``dp`` (2-D).
@@ -36,8 +38,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
-                                                                         checkpoint_wrapper)
 
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan
@@ -45,6 +45,7 @@ from engine import model as model_lib
 from engine.data_parallel import apply_dp, mp_policy_for
 from engine.expert_parallel import apply_cp, apply_ep, expert_params
 from engine.mesh import ParallelMesh
+from engine.recompute import mode_of, wrap
 from engine.tensor_parallel import apply_tp
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -73,14 +74,16 @@ def resolve_precision(plan: Plan, device: torch.device) -> tuple[Precision, str 
     return prec, note
 
 
-def apply_checkpointing(chunk: nn.Module, layer_names: tuple[str, ...]) -> None:
+def apply_checkpointing(chunk: nn.Module, layer_names: tuple[str, ...],
+                        mode: str = "full") -> None:
+    """Wrap the chunk's blocks named in ``layer_names`` for ``mode`` recomputation ('full'
+    or 'selective', :func:`engine.recompute.wrap`)."""
     prefix = getattr(chunk, "block_prefix", "blocks") + "."
     for name in layer_names:
         if not name.startswith(prefix):
             continue                   # <pre>/<post> hold no block activations worth it
         key = name[len(prefix):]
-        chunk.blocks[key] = checkpoint_wrapper(chunk.blocks[key],
-                                               checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        chunk.blocks[key] = wrap(chunk.blocks[key], mode)
 
 
 def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: ParallelMesh,
@@ -100,7 +103,7 @@ def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: Paralle
                  sequence_parallel=p.sequence_parallel)
         if p.sequence_parallel and hasattr(chunk, "sequence_shards"):
             chunk.sequence_shards = p.tp       # stages receive (b, s/tp, h)
-    apply_checkpointing(chunk, stage.checkpoint_layers)                             # 3
+    apply_checkpointing(chunk, stage.checkpoint_layers, mode_of(plan))              # 3
     if p.dp * p.cp > 1:                                                             # 4
         apply_dp(chunk, pm.dp_mesh, zero=p.zero, pipelined=p.pp > 1,
                  mp_policy=mp_policy_for(precision.params, precision.compute,

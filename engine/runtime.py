@@ -117,6 +117,12 @@ def make_trainer(plan: Plan, spec: ModelSpec, cfg: RunConfig, device: torch.devi
 def check_all(plan: Plan, source: str, *, world_size: int,
               local_world_size: int | None = None) -> ModelSpec:
     """Every pre-collective check, cheapest first."""
+    if plan.parallel.tp_comm_overlap:
+        raise PlanError(f"plan {source}: field 'parallel.tp_comm_overlap': the engine does "
+                        "not overlap tensor-parallel collectives with their GEMMs (Megatron-LM "
+                        "--tp-comm-overlap needs Transformer Engine userbuffers, torchtitan's "
+                        "async TP torch.compile on CUDA); export it to Megatron-LM or "
+                        "torchtitan, or plan without it (its prediction assumes the overlap)")
     from engine.validate import check_device, check_model, check_world
 
     check_world(plan, source, world_size=world_size, local_world_size=local_world_size)

@@ -56,6 +56,7 @@ from autoplan.schedule import order as schedule_order
 from engine import model as model_lib
 from engine.data import local_batch
 from engine.parallelize import apply_checkpointing
+from engine.recompute import mode_of
 from engine.placements import (StageMesh, activation_hooks, batch_rows, distribute_parameters,
                                register_cpu_attention)
 from engine.transfer import Boundary, check_routes
@@ -194,7 +195,7 @@ class StagedStage:
         # the op -> module map comes from a trace, taken only when a stage needs it
         self.hooks = 0 if self.local or not st.activation_placements else \
             activation_hooks(chunk, st, sm, op_modules())
-        apply_checkpointing(chunk, st.checkpoint_layers)                       # 3
+        apply_checkpointing(chunk, st.checkpoint_layers, mode_of(plan))        # 3
         model_lib.materialize(chunk, model_lib.initializer(spec), place.device, seed)  # 4
         if autocast_dtype is not None:
             chunk.forward = torch.autocast(place.device.type,

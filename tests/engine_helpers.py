@@ -66,7 +66,7 @@ def _graph(spec_json: str, seq_len: int):
 def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool = False,
               schedule: str = "1f1b", virtual_stages: int = 1, global_batch: int = 8,
               num_micro_batches: int = 1, seq_len: int = 32, model: dict | None = None,
-              checkpoint: bool = False, precision: dict | None = None,
+              checkpoint: bool | str = False, precision: dict | None = None,
               prediction: Prediction | None = None, device_type: str = "cpu",
               spec: ModelSpec | None = None, ep: int = 1, cp: int = 1) -> Plan:
     """A plan from the planner's own builder (``autoplan.planner.build.build_plan``) over the
@@ -78,7 +78,8 @@ def make_plan(*, dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, sp: bool 
                               micro_batch=global_batch // (dp * num_micro_batches),
                               num_micro_batches=num_micro_batches, schedule=schedule,
                               virtual_stages=virtual_stages,
-                              checkpoint="full" if checkpoint else "none", ep=ep, cp=cp)
+                              checkpoint=checkpoint if isinstance(checkpoint, str) else
+                              "full" if checkpoint else "none", ep=ep, cp=cp)
     graph = _graph(json.dumps(spec.to_dict(), sort_keys=True), seq_len)
     plan = build_plan(graph, spec, CLUSTER if device_type == "cpu" else CLUSTER_GPU, parallel,
                       global_batch=global_batch, seq_len=seq_len,

@@ -8,8 +8,10 @@ layout chosen by the intra-op ILP restricted to it). Both hand their chunks to t
 :class:`autoplan.cost.step.StepModel`; this checks that the chunks agree too: step time, its
 breakdown, memory per device and per-stage times equal within 1e-9 (relative), over a seeded
 random sample of each cluster's whole uniform space (DP/TP/PP, sequence parallelism, ZeRO 0-3,
-recomputation, GPipe / 1F1B / interleaved 1F1B): a GPU cluster of two nodes (cross-node
-groups and pipeline sends) in mixed precision, and the 4-rank CPU cluster whose ranks share
+recomputation none / selective / full, TP-communication overlap, GPipe / 1F1B / interleaved
+1F1B): a GPU cluster of two nodes (cross-node groups and pipeline sends) in mixed precision
+-- once with fused attention, once with eager attention, whose attention matrices make
+selective recomputation worth enumerating -- and the 4-rank CPU cluster whose ranks share
 cores (measured op and link profiles, the shared-core composition, calibration) in fp32.
 
 Small models, traced once per module; planning only (no engine runs).
@@ -28,10 +30,10 @@ from autoplan.planner.search.costs import CostModel
 from autoplan.planner.grid.estimate import Estimator
 from autoplan.planner.search.evaluate import Evaluator
 from autoplan.planner.search.megatron import uniform_choice
-from autoplan.planner.grid.uniform import enumerate_configs
+from autoplan.planner.grid.uniform import SearchSpace, enumerate_configs
 
 REL = 1e-9
-SAMPLES = {"gpu": 130, "cpu": 90}        # 220 configurations in all
+SAMPLES = {"gpu": 130, "gpu_eager": 80, "cpu": 90}        # 300 configurations in all
 
 
 def _setup(spec, cluster, global_batch, precision, nodes=None):
@@ -40,13 +42,21 @@ def _setup(spec, cluster, global_batch, precision, nodes=None):
     ev = Evaluator(CostModel(problem.graph, problem.cluster, precision=precision),
                    analyse(problem.spec, problem.graph))
     est = Estimator(problem.graph, problem.cluster, precision=precision)
-    configs = list(enumerate_configs(problem.graph, problem.cluster, global_batch))
+    configs = list(enumerate_configs(problem.graph, problem.cluster, global_batch,
+                                     SearchSpace(tp_comm_overlap=(False, True))))
     return problem, ev, est, configs
 
 
 @pytest.fixture(scope="module")
 def gpu():
     spec = resolve("gpt", vocab_size=2048, hidden=512, layers=8, heads=8, seq_len=256)
+    return _setup(spec, "dgx-a100", 64, "mixed", nodes=2)
+
+
+@pytest.fixture(scope="module")
+def gpu_eager():
+    spec = resolve("gpt", vocab_size=2048, hidden=512, layers=8, heads=8, seq_len=256,
+                   attention="eager")
     return _setup(spec, "dgx-a100", 64, "mixed", nodes=2)
 
 
@@ -85,7 +95,7 @@ def _differences(grid, search) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("cluster", ["gpu", "cpu"])
+@pytest.mark.parametrize("cluster", ["gpu", "gpu_eager", "cpu"])
 def test_grid_and_search_price_every_uniform_configuration_the_same(cluster, request):
     problem, ev, est, configs = request.getfixturevalue(cluster)
     rng = random.Random(12)
@@ -94,13 +104,17 @@ def test_grid_and_search_price_every_uniform_configuration_the_same(cluster, req
     # the sample covers every dimension the issue names
     assert {p.schedule for p in sample} == {"gpipe", "1f1b", "interleaved_1f1b"}
     assert {p.zero for p in sample} == {0, 1, 2, 3}
-    assert {p.checkpoint for p in sample} == {"none", "full"}
+    # selective recomputation where blocks keep attention matrices (eager attention);
+    # TP-communication overlap on GPU clusters only
+    assert {p.checkpoint for p in sample} == (
+        {"none", "selective", "full"} if cluster == "gpu_eager" else {"none", "full"})
+    assert any(p.tp_comm_overlap for p in sample) == (cluster != "cpu")
     assert any(p.sequence_parallel for p in sample)
     for axis in ("dp", "tp", "pp"):
         assert any(getattr(p, axis) > 1 for p in sample) and \
             any(getattr(p, axis) == 1 for p in sample), axis
     three_d = [p for p in configs if p.dp > 1 and p.tp > 1 and p.pp > 1]
-    assert bool(three_d) == (cluster == "gpu")        # (4 CPU ranks cannot be 2 x 2 x 2)
+    assert bool(three_d) == (cluster != "cpu")        # (4 CPU ranks cannot be 2 x 2 x 2)
     assert not three_d or any(p in three_d for p in sample)
     failures = {}
     for p in sample:

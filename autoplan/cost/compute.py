@@ -265,16 +265,21 @@ def gemm_dims(node: OpNode, tp: float = 1.0,
         return None
     k = node.fwd_flops / (2.0 * batch * m * n)
     role = node.tp_role
+    heads = batch > 1 and role == "sharded"      # a bmm split along its batch (heads)
     if role == "column":
         n /= tp
     elif role == "row":
         k /= tp
-    elif role == "sharded" and batch > 1:
-        batch /= tp
-    else:
+    elif not heads:
         m /= tp
     if batch > 1:
-        batch *= batch_scale
+        # one rank's batch is batch x batch_scale / tp whichever way the split is written
+        # (the grid passes the micro-batch as batch_scale, the search may fold the
+        # data-parallel split into tp); a fraction of one batch entry shortens M
+        batch *= batch_scale / tp if heads else batch_scale
+        if batch < 1:
+            m *= batch
+            batch = 1.0
     else:
         m *= batch_scale
     return batch, m, n, k

@@ -19,6 +19,8 @@ bytes with 16-bit activations, sequence s, micro-batch b, hidden h, heads a, TP 
     tensor parallel         s b h (10 + 24 / t + 5 a s / (h t))
     tensor + sequence par.  s b h (34 + 5 a s / h) / t
     full recomputation      2 s b h   (the layer input only; / t under sequence parallelism)
+    selective recomputation s b h 34 (/ t with SP): the attention core's 5 a s / h dropped,
+                            recomputed in backward (sec. 5; :mod:`autoplan.cost.recompute`)
 
 The traced graph gives these terms directly: ``LayerStats.saved_bytes`` is the whole sum,
 ``saved_bytes_tp`` the part TP shards (24 + 5as/h), ``saved_bytes_attn`` the attention
@@ -80,11 +82,13 @@ def model_state_bytes(num_params: float, *, dp: int, zero: int, precision: str =
 
 def activation_bytes(stats: LayerStats, *, tp: int = 1, sequence_parallel: bool = False,
                      checkpoint: bool = False, micro_batch_scale: float = 1.0,
-                     flash_attention: bool = False) -> float:
+                     flash_attention: bool = False, selective: bool = False) -> float:
     """Bytes one layer keeps for backward for one micro-batch, per device.
 
     Without recomputation: (saved - saved_tp) [/ tp under SP] + saved_tp / tp, minus the
-    attention matrices with ``flash_attention``. With ``checkpoint`` (full recomputation)
+    attention matrices with ``flash_attention`` (never stored) or ``selective`` (selective
+    recomputation: recomputed in backward instead, Korthikanti et al. 2022 sec. 5; add
+    :func:`selective_peak_bytes` once per stage). With ``checkpoint`` (full recomputation)
     only the layer input is kept ([/ tp under SP]); the recomputed layer's activations exist
     transiently during its backward -- add :func:`recompute_peak_bytes` once per stage.
     ``micro_batch_scale`` = micro-batch / traced batch (activations are linear in it).
@@ -97,7 +101,7 @@ def activation_bytes(stats: LayerStats, *, tp: int = 1, sequence_parallel: bool 
         return stats.input_bytes / replicated_div * micro_batch_scale
     sharded = float(stats.saved_bytes_tp)
     replicated = float(stats.saved_bytes - stats.saved_bytes_tp)
-    if flash_attention:
+    if flash_attention or selective:
         # The attention matrices are per-head, so TP shards them; drop them from the sharded
         # part first, and from the rest if a graph attributed them elsewhere.
         attn = float(stats.saved_bytes_attn)
@@ -115,6 +119,17 @@ def recompute_peak_bytes(stats: LayerStats, *, tp: int = 1, sequence_parallel: b
     return activation_bytes(stats, tp=tp, sequence_parallel=sequence_parallel,
                             checkpoint=False, micro_batch_scale=micro_batch_scale,
                             flash_attention=flash_attention)
+
+
+def selective_peak_bytes(stats: LayerStats, *, tp: int = 1, micro_batch_scale: float = 1.0,
+                         flash_attention: bool = False) -> float:
+    """Transient bytes of one layer's recomputed attention core during its backward under
+    selective recomputation: its attention matrices (per head, so / tp), none with flash
+    attention. A stage adds the largest once, like :func:`recompute_peak_bytes`."""
+    _positive_int(tp, "tp")
+    if flash_attention:
+        return 0.0
+    return float(stats.saved_bytes_attn) / tp * micro_batch_scale
 
 
 def in_flight_micro_batches(schedule: str, pp: int, stage: int, num_micro_batches: int,

@@ -12,17 +12,22 @@ Notation: chunk c on pipeline rank d = c mod pp (pp ranks, v chunks each, m micr
 per micro-batch: compute t_f(c), t_b(c); in-layer communication (tensor parallelism,
 resharding) tp_f(c), tp_b(c); the pipeline send of its output s(c) (its gradient comes back,
 so 2 s per micro-batch); r(c) = 1 if its blocks are recomputed (full activation
-checkpointing: the forward and its communication again in backward).
+checkpointing: the forward and its communication again in backward); a(c) the forward
+seconds of its blocks' attention cores, recomputed in backward under selective
+recomputation (:mod:`autoplan.cost.recompute`; 0 otherwise). Under TP-communication
+overlap (``ChunkCost.tp_overlap`` = n > 0 steps) tp_f and tp_b stand for what the step still
+pays of them beside the TP-sharded GEMMs' g_f(c), g_b(c) seconds:
+paid(tp_f, g_f, n), paid(tp_b, g_b, n) (:mod:`autoplan.cost.tp_overlap`).
 
 **Pipeline** (Alpa, Zheng et al. 2022, eq. 2; GPipe and 1F1B take the same time)::
 
-    T_c = t_f + t_b + tp_f + tp_b + 2 s + r (t_f + tp_f)        per micro-batch
+    T_c = t_f + t_b + tp_f + tp_b + 2 s + r (t_f + tp_f) + a   per micro-batch
     T_d = sum over the chunks c of rank d of T_c
     T   = sum_d T_d + (m - 1) max_d T_d                          v = 1
     T   = m max_d T_d + (pp - 1) max_d T_d / v                   interleaved 1F1B
 
 (Narayanan et al. 2021: the interleaved bubble is (pp - 1)/(v m) of the ideal time).
-The breakdown is the slowest rank's: compute m sum (t_f + t_b), recompute m sum r t_f,
+The breakdown is the slowest rank's: compute m sum (t_f + t_b), recompute m sum (r t_f + a),
 tp_comm m sum (tp_f + tp_b + r tp_f), pp_comm m sum 2 s, bubble = T minus those.
 
 **Data parallelism.** A chunk's parameters come in buckets (:class:`ParamBucket`): psi_b
@@ -61,7 +66,7 @@ next layer gathered). The prediction's memory is the rank that needs the most.
 :class:`~autoplan.cost.shared_cores.SharedCores` has share s < 1): the step is also bounded
 by the work of all ranks over the cores::
 
-    W_d  = m sum_c (t_f + t_b + r t_f + cpu_tp_f + cpu_tp_b + r cpu_tp_f + 2 s_c)
+    W_d  = m sum_c (t_f + t_b + r t_f + a + cpu_tp_f + cpu_tp_b + r cpu_tp_f + 2 s_c)
            + [DP] (m modules_d dp_module_overhead / s + A_d + 2 m G_d)
            + optimizer_scale optimizer_d
     T'   = max(mean over devices of W_d, s * (T + max E + max optimizer))
@@ -85,6 +90,7 @@ from autoplan.cost.memory import (PRECISION_BYTES, fragmentation_bytes, in_fligh
 from autoplan.cost.overlap import (DDP_BUCKET_BYTES, INTERFERENCE, bucketed_reduction,
                                    zero3_micro_batch)
 from autoplan.cost.shared_cores import SharedCores
+from autoplan.cost.tp_overlap import paid
 from autoplan.plan import MemoryBreakdown, Prediction, StageTime, TimeBreakdown
 
 #: Fraction of an overlapped collective's time that still slows the step (NCCL's SMs,
@@ -126,20 +132,40 @@ class ChunkCost:
     cpu_tp_bwd: float = 0.0
     modules: int = 0            # FSDP units (the chunk's root and its blocks)
     transient: float = 0.0      # temporaries (bytes): fp32 loss, pipeline send/recv buffers
+    selective: float = 0.0      # a: attention-core forward seconds recomputed (selective)
+    tp_overlap: int = 0         # n: TP collectives decomposed beside their GEMMs (0: off)
+    gemm_fwd: float = 0.0       # g_f, g_b: compute seconds of the TP-sharded GEMMs
+    gemm_bwd: float = 0.0
+
+    @property
+    def tp_paid(self) -> tuple[float, float]:
+        """(forward, backward) in-layer communication seconds the step pays: tp_f, tp_b, or
+        under TP-communication overlap paid(tp, g, n) (module docstring)."""
+        if not self.tp_overlap:
+            return self.tp_fwd, self.tp_bwd
+        return (paid(self.tp_fwd, self.gemm_fwd, self.tp_overlap),
+                paid(self.tp_bwd, self.gemm_bwd, self.tp_overlap))
+
+    @property
+    def recompute(self) -> float:
+        """Compute seconds recomputed per micro-batch: t_f (full), a (selective) or 0."""
+        return self.fwd if self.checkpoint else self.selective
 
     @property
     def time(self) -> float:
         """T_c: seconds of one micro-batch, forward and backward, on the critical path."""
-        t = self.fwd + self.bwd + self.tp_fwd + self.tp_bwd + 2 * self.send
+        tp_f, tp_b = self.tp_paid
+        t = self.fwd + self.bwd + tp_f + tp_b + 2 * self.send + self.recompute
         if self.checkpoint:
-            t += self.fwd + self.tp_fwd
+            t += tp_f
         return t
 
     def stage_time(self) -> StageTime:
         r = self.checkpoint
+        tp_f, tp_b = self.tp_paid
         return StageTime(forward=self.fwd, backward=self.bwd,
-                         recompute=self.fwd if r else 0.0, tp_forward=self.tp_fwd,
-                         tp_backward=self.tp_bwd, tp_recompute=self.tp_fwd if r else 0.0,
+                         recompute=self.recompute, tp_forward=tp_f,
+                         tp_backward=tp_b, tp_recompute=tp_f if r else 0.0,
                          send=self.send)
 
 
@@ -223,9 +249,10 @@ class StepModel:
                      for b in synced)
         scatter = sum(self.comm.time("reduce_scatter", b.count / units * REDUCE_BYTES, b.group)
                       for b in synced)
-        fwd = sum(c.fwd + c.tp_fwd for c in chunks) / units
-        back = sum(c.bwd + c.tp_bwd + ((c.fwd + c.tp_fwd) if c.checkpoint else 0.0)
-                   for c in chunks) / units
+        tp = [c.tp_paid for c in chunks]
+        fwd = sum(c.fwd + f for c, (f, _) in zip(chunks, tp)) / units
+        back = sum(c.bwd + b + c.recompute + (f if c.checkpoint else 0.0)
+                   for c, (f, b) in zip(chunks, tp)) / units
         return m * zero3_micro_batch(units, gather, scatter, fwd, back)
 
     def _memory(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket],
@@ -275,9 +302,9 @@ class StepModel:
             pipeline = m * rank_time[slow] + (pp - 1) * rank_time[slow] / v
         sc = ranks[slow]
         compute = m * sum(c.fwd + c.bwd for c in sc)
-        recompute = m * sum(c.fwd for c in sc if c.checkpoint)
-        tp_comm = m * sum(c.tp_fwd + c.tp_bwd + (c.tp_fwd if c.checkpoint else 0.0)
-                          for c in sc)
+        recompute = m * sum(c.recompute for c in sc)
+        tp_comm = m * sum(f + b + (f if c.checkpoint else 0.0)
+                          for c, (f, b) in ((c, c.tp_paid) for c in sc))
         pp_comm = m * sum(2 * c.send for c in sc)
         bubble = max(0.0, pipeline - compute - recompute - tp_comm - pp_comm)
 
@@ -324,7 +351,7 @@ class StepModel:
             w = dict.fromkeys(keys, 0.0)
             for c in cs:
                 w["compute"] += m * (c.fwd + c.bwd)
-                w["recompute"] += m * c.fwd if c.checkpoint else 0.0
+                w["recompute"] += m * c.recompute
                 w["tp_comm"] += m * (c.cpu_tp_fwd + c.cpu_tp_bwd +
                                      (c.cpu_tp_fwd if c.checkpoint else 0.0))
                 w["pp_comm"] += m * 2 * c.send

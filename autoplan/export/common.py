@@ -25,7 +25,7 @@ KNOWN_FIELDS: dict[type, frozenset[str]] = {
                      "prediction", "alternatives", "planner", "created_by", "version"}),
     ParallelConfig: frozenset({"dp", "tp", "pp", "zero", "sequence_parallel", "micro_batch",
                                "num_micro_batches", "schedule", "virtual_stages",
-                               "checkpoint", "ep", "cp"}),
+                               "checkpoint", "ep", "cp", "tp_comm_overlap"}),
     MeshSpec: frozenset({"shape", "axis_names", "device_type"}),
     Stage: frozenset({"index", "layers", "layer_names", "ranks", "mesh_shape", "axis_names",
                       "checkpoint_layers"}),
@@ -46,7 +46,8 @@ class Layout:
     """A uniform plan, as the runtimes see it."""
 
     blocks_per_chunk: tuple[int, ...]      # repeated blocks in each model chunk
-    checkpoint: bool                       # every block recomputed (else none)
+    checkpoint: bool                       # every block fully recomputed
+    selective: bool = False                # every block's attention core recomputed
 
     @property
     def num_layers(self) -> int:
@@ -146,7 +147,10 @@ def uniform_layout(plan: Plan, target: str) -> Layout:
                        "all blocks or none)")
     if reasons:
         raise NotExpressibleError(target, reasons)
-    return Layout(blocks_per_chunk=blocks, checkpoint=full and any(b for _, b in ckpt_sets))
+    recomputed = full and any(b for _, b in ckpt_sets)
+    selective = recomputed and plan.parallel.checkpoint == "selective"
+    return Layout(blocks_per_chunk=blocks, checkpoint=recomputed and not selective,
+                  selective=selective)
 
 
 def compute_dtype(plan: Plan) -> str:

@@ -11,7 +11,8 @@ Not expressible in the JSON: tensor and pipeline parallelism (DeepSpeed takes th
 model code: Megatron-DeepSpeed's ``--tensor-model-parallel-size`` /
 ``--pipeline-model-parallel-size`` or ``PipelineModule(num_stages=...)``; export --to
 megatron for those), and so also sequence parallelism and the interleaved schedule
-(DeepSpeed's pipeline engine has none).
+(DeepSpeed's pipeline engine has none), and selective recomputation (no attention-core
+granularity in the config).
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def deepspeed_config(plan: Plan) -> tuple[dict, list[str]]:
     if p.virtual_stages > 1:
         reasons.append("the interleaved 1F1B schedule: DeepSpeed's pipeline engine has no "
                        "interleaved schedule")
+    if layout.selective:
+        reasons.append("selective recomputation (the attention core only): DeepSpeed's "
+                       "activation_checkpointing recomputes whatever function the model "
+                       "wraps, not an attention-core granularity; export --to megatron "
+                       "(--recompute-granularity selective)")
     if reasons:
         raise NotExpressibleError(TARGET, reasons)
     notes = device_note(plan)

@@ -12,7 +12,11 @@ Mapping (Megatron-LM ``megatron/training/arguments.py``):
   data parallelism as the plan does), with ``--num-experts`` / ``--moe-router-topk`` of a
   built-in MoE GPT.
 * full recomputation of every block -> ``--recompute-granularity full --recompute-method
-  uniform --recompute-num-layers 1``.
+  uniform --recompute-num-layers 1``; selective recomputation -> ``--recompute-granularity
+  selective`` (Megatron's selective recomputes the core attention, Korthikanti et al. 2022,
+  as the plan prices it).
+* TP-communication overlap -> ``--tp-comm-overlap`` (Transformer Engine userbuffers; needs
+  ``--sequence-parallel``, which the plan then has).
 * ZeRO-1 -> ``--use-distributed-optimizer``; bf16 compute -> ``--bf16``.
 * the built-in GPT / Llama model -> ``--num-layers --hidden-size --num-attention-heads
   --ffn-hidden-size --seq-length --max-position-embeddings`` (+ ``--group-query-attention
@@ -77,6 +81,12 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
     if layout.checkpoint:
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", "1")]
+    elif layout.selective:
+        args.append(("--recompute-granularity", "selective"))
+    if p.tp_comm_overlap:
+        args.append(("--tp-comm-overlap",))
+        notes.append("--tp-comm-overlap runs on Transformer Engine's userbuffers (install "
+                     "TE with userbuffers support; Megatron-LM initialises them itself)")
     if p.zero == 1:
         args.append(("--use-distributed-optimizer",))
     dtype = compute_dtype(plan)

@@ -22,6 +22,12 @@ Mapping (torchtitan applies FSDP2 for sharded data parallelism and DDP for repli
   mid-2025 took ``pipeline_parallel_split_points`` instead (written as a comment).
 * torchtitan's tensor parallelism always shards the sequence (sequence parallelism); a plan
   without it gets a note (torchtitan will use less activation memory than predicted).
+* TP-communication overlap -> ``enable_async_tensor_parallel = true`` (torchtitan needs
+  ``compile`` on the model for it, noted).
+* selective recomputation -> ``mode = "selective"`` with ``selective_ac_option = "op"``
+  (torchtitan's op-level SAC), noted as an approximation: torchtitan's op policy saves the
+  attention kernel's outputs and every other matmul and recomputes the rest, not
+  Korthikanti's attention-core-only policy the plan prices; full -> ``mode = "full"``.
 """
 
 from __future__ import annotations
@@ -117,7 +123,7 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
               f"data_parallel_replicate_degree = {replicate}",
               f"data_parallel_shard_degree = {shard}",
               f"tensor_parallel_degree = {p.tp}",
-              "enable_async_tensor_parallel = false",
+              f"enable_async_tensor_parallel = {toml_value(p.tp_comm_overlap)}",
               f"pipeline_parallel_degree = {p.pp}",
               f"context_parallel_degree = {p.cp}",
               f"expert_parallel_degree = {p.ep}"]
@@ -135,6 +141,15 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
     if p.tp > 1 and not p.sequence_parallel:
         notes.append("torchtitan's tensor parallelism always uses sequence parallelism; the "
                      "plan predicts without it (activation memory will be lower)")
-    lines += ["", "[activation_checkpoint]",
-              f"mode = {toml_value('full' if layout.checkpoint else 'none')}"]
+    if p.tp_comm_overlap:
+        notes.append("enable_async_tensor_parallel needs torch.compile of the model "
+                     "([compile] enable = true, components = [\"model\"])")
+    mode = "full" if layout.checkpoint else "selective" if layout.selective else "none"
+    lines += ["", "[activation_checkpoint]", f"mode = {toml_value(mode)}"]
+    if layout.selective:
+        lines.append('selective_ac_option = "op"')
+        notes.append("torchtitan's op-level selective checkpointing saves the attention "
+                     "kernel's outputs and every other matmul and recomputes the rest; the plan "
+                     "priced Korthikanti et al.'s attention-core-only recomputation (Megatron-LM "
+                     "--recompute-granularity selective), so memory and recompute time differ")
     return Export(TARGET, "\n".join(lines) + "\n", tuple(notes), ".toml")

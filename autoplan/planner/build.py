@@ -81,7 +81,7 @@ def build_plan(graph: OpGraph, spec: ModelSpec, cluster, parallel: ParallelConfi
         stage_shape, stage_axes = (parallel.dp, parallel.cp, parallel.tp), ("dp", "cp", "tp")
     for c, (start, end) in enumerate(chunks):
         layer_names = tuple(names[start:end])
-        ckpt = tuple(n for n in layer_names if parallel.checkpoint == "full"
+        ckpt = tuple(n for n in layer_names if parallel.checkpoint != "none"
                      and not n.startswith("<"))
         stages.append(Stage(index=c, layers=(start, end), layer_names=layer_names,
                             ranks=stage_ranks(parallel, c % parallel.pp),

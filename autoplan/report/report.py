@@ -127,7 +127,10 @@ def _mesh(plan: Plan, timing: StageTiming, step: StepModel, figures: dict) -> Se
     for st, c in zip(plan.stages, timing.chunks):
         rows.append((str(st.index), str(owner[tuple(st.ranks)]), span_label(st.layer_names),
                      str(len(st.layer_names)), f"{st.ranks[0]}–{st.ranks[-1]}",
-                     str(tuple(st.mesh_shape)), str(len(st.checkpoint_layers)),
+                     str(tuple(st.mesh_shape)),
+                     str(len(st.checkpoint_layers)) + (
+                         " (selective)" if st.checkpoint_layers
+                         and plan.parallel.checkpoint == "selective" else ""),
                      f"{c.forward_block * 1e3:.3g}", f"{c.backward_block * 1e3:.3g}"))
     table = Table(("stage", "pipeline rank", "layers", "count", "ranks", "mesh (dp, tp)",
                    "recomputed", "forward ms / micro-batch", "backward ms / micro-batch"),

@@ -9,6 +9,8 @@ Per micro-batch, chunk c (a contiguous layer range on one pipeline rank):
 
     t_f(c) = sum_l compute_f(l, tp, sp) · b/b0 + TP_comm_f(c) + send(c)
     t_b(c) = sum_l compute_b(l, tp, sp) · b/b0 + TP_comm_b(c) + send(c) [+ t_f(c) if recomputed]
+    a(c)   = sum_l attention-core forward(l, tp, sp) · b/b0      (selective recomputation)
+    g(c)   = sum_l TP-sharded GEMMs' forward / backward           (TP-communication overlap)
 
 ``b0`` is the traced micro-batch; FLOPs, bytes and activations scale linearly in b. TP comm
 is one all-reduce of every row-parallel output in forward and of every column-parallel
@@ -23,8 +25,10 @@ CPU cores, calibration — as for every other pricer (the formulas are in its do
 
 Memory per chunk: model states of its parameters (TP sharding of column/row parameters),
 activations (:func:`~autoplan.cost.memory.activation_bytes`) and, under recomputation, one
-layer's full activations during its backward; under ZeRO-3 the largest layer's gathered
-parameters.
+layer's full activations during its backward (under selective recomputation its attention
+matrices: :func:`~autoplan.cost.memory.selective_peak_bytes`); under ZeRO-3 the largest
+layer's gathered parameters. Recomputation modes and their sources:
+:mod:`autoplan.cost.recompute`; TP-communication overlap: :mod:`autoplan.cost.tp_overlap`.
 
 On ranks sharing CPU cores (:mod:`autoplan.cost.shared_cores`) each chunk also carries its
 TP collectives as the engine's DTensor TP issues them: one all-reduce per sharded matmul,
@@ -42,7 +46,9 @@ from autoplan.cost.batch_scale import batch_tensors
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
-                                  temporary_bytes, usable_bytes)
+                                  selective_peak_bytes, temporary_bytes, usable_bytes)
+from autoplan.cost.recompute import attention_core, core_fwd_flops
+from autoplan.cost.tp_overlap import tp_gemm_nodes
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
 from autoplan.cost.shared_cores import tp_collectives, tp_gathers
 from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucket, StepModel, \
@@ -91,22 +97,39 @@ class Estimator:
 
     # ---- per layer, cached by (layer kind, tp, sp) --------------------------------------
     @functools.lru_cache(maxsize=None)
-    def _layer_time(self, index: int, tp: int, sp: bool, micro_batch: int) -> tuple[float, float]:
-        """(forward, backward) compute seconds of layer ``index`` on one device of a TP group
-        of ``tp``: ``column``/``row``/``sharded`` ops do 1/tp of their work, ``replicated``
-        ones only sequence-sharded (``ComputeModel.layer_time``'s rule); ops on tensors that
-        grow with the batch run at the micro-batch, the others (position ids, the causal
-        mask) at their traced size, as the search prices them."""
+    def _layer_time(self, index: int, tp: int, sp: bool, micro_batch: int
+                    ) -> tuple[float, float, float, float, float]:
+        """(forward, backward, attention-core forward, TP-GEMM forward, TP-GEMM backward)
+        compute seconds of layer ``index`` on one device of a TP group of ``tp``:
+        ``column``/``row``/``sharded`` ops do 1/tp of their work, ``replicated`` ones only
+        sequence-sharded (``ComputeModel.layer_time``'s rule); ops on tensors that grow with
+        the batch run at the micro-batch, the others (position ids, the causal mask) at their
+        traced size, as the search prices them."""
         scale = micro_batch / self.b0
-        fwd = bwd = 0.0
+        fwd = bwd = core = gemm_f = gemm_b = 0.0
         for name in self.graph.layers[index].nodes:
             node = self.graph.nodes[name]
-            sharded = node.tp_role != "replicated" or sp
+            # sequence-sharded: the replicated ops on batch tensors (not a causal mask built
+            # from constants, which every rank makes whole, as the search prices it)
+            sharded = node.tp_role != "replicated" or (sp and self._batchy[name][0])
             f, b = self.compute.op_time_at(node, self.graph, tp if sharded else 1,
                                            scale if self._batchy[name][0] else 1.0)
             fwd += f
             bwd += b
-        return fwd, bwd
+            if name in self._core:
+                core += f
+            if name in self._gemms:
+                gemm_f += f
+                gemm_b += b
+        return fwd, bwd, core, gemm_f, gemm_b
+
+    @functools.cached_property
+    def _core(self) -> frozenset[str]:
+        return attention_core(self.graph)
+
+    @functools.cached_property
+    def _gemms(self) -> frozenset[str]:
+        return tp_gemm_nodes(self.graph)
 
     @functools.cached_property
     def _batchy(self) -> dict[str, tuple[bool, bool]]:
@@ -122,7 +145,8 @@ class Estimator:
             out[name] = (reads or writes, writes)
         return out
 
-    def _kind_time(self, index: int, tp: int, sp: bool, micro_batch: int) -> tuple[float, float]:
+    def _kind_time(self, index: int, tp: int, sp: bool, micro_batch: int
+                   ) -> tuple[float, float, float, float, float]:
         return self._layer_time(self._rep[self.graph.layers[index].kind], tp, sp, micro_batch)
 
     @functools.cached_property
@@ -253,19 +277,20 @@ class Estimator:
 
     @functools.lru_cache(maxsize=None)
     def _layers(self, start: int, end: int, tp: int, sp: bool, micro_batch: int,
-                checkpoint: bool, ep: int = 1, cp: int = 1) -> tuple:
+                recompute: str, ep: int = 1, cp: int = 1) -> tuple:
         """Per micro-batch sums over layers [start, end): compute, in-layer communication
         (TP; the expert all-to-alls under ep > 1, :func:`~autoplan.cost.parallel_dims.
         expert_parallel_time`; the key/value exchange under cp > 1, :func:`~autoplan.cost.
         parallel_dims.context_parallel_time`), parameters (synced over dp·cp; over dp·cp x
         tp: those of sequence-sharded replicated ops; expert weights, split over ep),
-        activations, the recompute peak, the largest gathered layer, and the TP communication
-        as issued on shared CPU cores. Under context parallelism every per-token quantity is
+        activations, the recompute peak, the largest gathered layer, the TP communication
+        as issued on shared CPU cores, the recomputed attention cores' forward (``recompute``
+        'selective') and the TP-sharded GEMMs' forward and backward. Under context parallelism every per-token quantity is
         1/cp of the micro-batch's (load-balanced causal chunks give every rank 1/cp of the
         attention work too)."""
         scale = micro_batch / self.b0
         tok = scale / cp
-        fwd = bwd = tp_f = tp_b = act = peak = gathered = 0.0
+        fwd = bwd = tp_f = tp_b = act = peak = gathered = core = gemm_f = gemm_b = 0.0
         params = params_sp = experts = 0.0
         group = self._axis_group(tp, 1)
         cp_group = self._axis_group(cp, tp)
@@ -274,9 +299,11 @@ class Estimator:
             layer = self.graph.layers[i]
             st = layer.stats
             sp_l = self._sequence_sharded(i, sp)
-            f, b = self._kind_time(i, tp, sp_l, micro_batch)
+            f, b, core_f, g_f, g_b = self._kind_time(i, tp, sp_l, micro_batch)
             fwd += f / cp
             bwd += b / cp
+            gemm_f += g_f / cp
+            gemm_b += g_b / cp
             sliced = self._slices_input(i, start, sp)
             if tp > 1:
                 cf, cb = self._tp_comm(st, tok, sp_l, group,
@@ -302,12 +329,21 @@ class Estimator:
             params_sp += synced_tp
             experts += expert
             gathered = max(gathered, (local + expert) * self.param_bytes)
-            ckpt = checkpoint and _is_block(layer.name)
+            block = _is_block(layer.name)
+            ckpt = recompute == "full" and block
+            selective = recompute == "selective" and block
             grown, fixed = self._stats[i]
             full = activation_bytes(grown, tp=tp, sequence_parallel=sp_l, checkpoint=False,
                                     micro_batch_scale=tok,
                                     flash_attention=self.flash_attention) + fixed + kv_extra
-            if ckpt:
+            if selective:        # the attention core recomputed: its matrices not kept
+                core += core_f / cp
+                act += activation_bytes(grown, tp=tp, sequence_parallel=sp_l,
+                                        micro_batch_scale=tok, selective=True,
+                                        flash_attention=self.flash_attention) + fixed + kv_extra
+                peak = max(peak, selective_peak_bytes(grown, tp=tp, micro_batch_scale=tok,
+                                                      flash_attention=self.flash_attention))
+            elif ckpt:
                 # the kept input, sharded as it arrives (replicated from the embeddings)
                 act += activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
                                         checkpoint=True, micro_batch_scale=tok,
@@ -317,7 +353,7 @@ class Estimator:
                 act += full
         cpu_f, cpu_b = self._shared_tp(start, end, tp, sp, scale, group)
         return (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
-                experts)
+                experts, core, gemm_f, gemm_b)
 
     def _shared_tp(self, start: int, end: int, tp: int, sp: bool, scale: float, group: Group
                    ) -> tuple[float, float]:
@@ -360,15 +396,17 @@ class Estimator:
     def chunk_cost(self, start: int, end: int, p: ParallelConfig, *, last: bool) -> ChunkCost:
         """The :class:`~autoplan.cost.step.ChunkCost` of layers [start, end) under ``p``."""
         return self._chunk_cost(start, end, p.tp, p.sequence_parallel, p.micro_batch,
-                                p.checkpoint == "full", last, p.dp, p.zero,
-                                2 if self._pp_same_node(p) else 1, p.ep, p.cp)
+                                p.checkpoint, last, p.dp, p.zero,
+                                2 if self._pp_same_node(p) else 1, p.ep, p.cp,
+                                p.tp if p.tp_comm_overlap else 0)
 
     @functools.lru_cache(maxsize=None)
     def _chunk_cost(self, start: int, end: int, tp: int, sp: bool, micro_batch: int,
-                    ckpt: bool, last: bool, dp: int, zero: int, pp_per_node: int,
-                    ep: int = 1, cp: int = 1) -> ChunkCost:
+                    recompute: str, last: bool, dp: int, zero: int, pp_per_node: int,
+                    ep: int = 1, cp: int = 1, overlap: int = 0) -> ChunkCost:
         (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
-         experts) = self._layers(start, end, tp, sp, micro_batch, ckpt, ep, cp)
+         experts, core, gemm_f, gemm_b) = self._layers(start, end, tp, sp, micro_batch,
+                                                       recompute, ep, cp)
         send = self._send(end, tp, micro_batch, last, pp_per_node, cp)
         modules = 1 + sum(_is_block(self.graph.layers[i].name) for i in range(start, end))
         p = ParallelConfig(dp=dp, tp=tp, ep=ep, cp=cp)          # for the group shapes
@@ -379,10 +417,12 @@ class Estimator:
             buckets += (ParamBucket(("dp", "tp"), params_sp, group),)
         if experts:            # expert weights: over the dp·cp / ep ranks holding them
             buckets += (ParamBucket(("edp",), experts, self.expert_dp_group(p)),)
-        return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, ckpt, buckets, gathered,
-                         zero, dp * cp * tp, cpu_f, cpu_b, modules,
+        return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, recompute == "full", buckets,
+                         gathered, zero, dp * cp * tp, cpu_f, cpu_b, modules,
                          transient=temporary_bytes(self.graph, start, end,
-                                                   micro_batch / self.b0 / cp, tp))
+                                                   micro_batch / self.b0 / cp, tp),
+                         selective=core, tp_overlap=overlap, gemm_fwd=gemm_f,
+                         gemm_bwd=gemm_b)
 
     @functools.lru_cache(maxsize=None)
     def _send(self, end: int, tp: int, micro_batch: int, last: bool, pp_per_node: int,
@@ -417,25 +457,31 @@ class Estimator:
         holds; the uniform planner prices exactly only configurations this bound cannot rule
         out."""
         total, slow = self._rank_times(p.tp, p.sequence_parallel, p.micro_batch,
-                                       p.checkpoint == "full", p.pp, p.virtual_stages,
-                                       2 if self._pp_same_node(p) else 1, p.ep, p.cp)
+                                       p.checkpoint, p.pp, p.virtual_stages,
+                                       2 if self._pp_same_node(p) else 1, p.ep, p.cp,
+                                       p.tp if p.tp_comm_overlap else 0)
         m, v = p.num_micro_batches, p.virtual_stages
         if v == 1:
             return total + (m - 1) * slow
         return m * slow + (p.pp - 1) * slow / v
 
     @functools.lru_cache(maxsize=None)
-    def _rank_times(self, tp: int, sp: bool, micro_batch: int, ckpt: bool, pp: int, v: int,
-                    pp_per_node: int, ep: int, cp: int) -> tuple[float, float]:
+    def _rank_times(self, tp: int, sp: bool, micro_batch: int, recompute: str, pp: int,
+                    v: int, pp_per_node: int, ep: int, cp: int,
+                    overlap: int = 0) -> tuple[float, float]:
         """(sum over pipeline ranks, max over ranks) of T_d (:meth:`step_lower_bound`),
-        summed in :meth:`chunks`' order as ``compose`` sums them."""
+        summed in :meth:`chunks`' order as ``compose`` sums them; T_c is
+        :attr:`ChunkCost.time <autoplan.cost.step.ChunkCost.time>` of a chunk holding only
+        the terms that time reads (no parameter buckets, no memory)."""
         ranges = split_layers(self.graph, pp * v)
         times = []
         for c, (a, b) in enumerate(ranges):
-            fwd, bwd, tp_f, tp_b = self._layers(a, b, tp, sp, micro_batch, ckpt, ep, cp)[:4]
+            (fwd, bwd, tp_f, tp_b, *_, core, gemm_f, gemm_b) = self._layers(
+                a, b, tp, sp, micro_batch, recompute, ep, cp)
             send = self._send(b, tp, micro_batch, c == len(ranges) - 1, pp_per_node, cp)
-            t = fwd + bwd + tp_f + tp_b + 2 * send
-            times.append(t + fwd + tp_f if ckpt else t)
+            times.append(ChunkCost(fwd, bwd, tp_f, tp_b, send, 0.0, 0.0, recompute == "full",
+                                   (), 0.0, 0, 1, selective=core, tp_overlap=overlap,
+                                   gemm_fwd=gemm_f, gemm_bwd=gemm_b).time)
         rank = [sum(times[d::pp]) for d in range(pp)]
         return sum(rank), max(rank)
 
@@ -453,6 +499,8 @@ class Estimator:
         if p.checkpoint == "full":
             recompute_flops = sum(layer.stats.fwd_flops for layer in self.graph.blocks()) \
                 * gb / self.b0
+        elif p.checkpoint == "selective":
+            recompute_flops = core_fwd_flops(self.graph, core=self._core) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,
                         tokens=gb * (self.graph.batch.seq_len or 1), model_flops=model_flops,

@@ -5,8 +5,12 @@ Every layer gets the same treatment (Megatron-LM style), so a configuration is a
 dimension and the head counts), pipeline degree ``pp`` (at most one block per chunk), data
 parallel ``dp = world / (tp·pp)`` (dividing the global batch), ZeRO stage 0-3 (only with
 dp > 1), sequence parallelism (only with tp > 1), micro-batch size ``b`` (dividing the per-rank
-batch) and count ``m = B / (dp·b)`` (at least ``pp`` when pipelining), full recomputation on
-or off, and the schedule (GPipe, 1F1B, interleaved 1F1B with v chunks when the blocks and
+batch) and count ``m = B / (dp·b)`` (at least ``pp`` when pipelining), recomputation none,
+selective or full (:mod:`autoplan.cost.recompute`; selective only where a block keeps
+attention matrices: with fused attention it saves no memory and costs time, so it never
+wins), TP-communication overlap on or off when the space asks for it (GPU clusters, tp > 1
+with sequence parallelism, no ep or cp: :mod:`autoplan.cost.tp_overlap`; the engine does not
+run it, so only plans for the exporters do), and the schedule (GPipe, 1F1B, interleaved 1F1B with v chunks when the blocks and
 micro-batches divide), context parallelism ``cp`` for long sequences (:func:`context_degrees`;
 ``dp = world / (tp·pp·cp)``) and expert parallelism ``ep`` for mixtures of experts (folded
 into data parallelism, :func:`expert_degrees`). Candidates that exceed device memory are dropped; the rest are sorted
@@ -40,13 +44,16 @@ class SearchSpace:
     dp: tuple[int, ...] | None = None
     zero: tuple[int, ...] = (0, 1, 2, 3)
     micro_batch: tuple[int, ...] | None = None
-    checkpoint: tuple[str, ...] = ("none", "full")
+    checkpoint: tuple[str, ...] = ("none", "selective", "full")
     schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved_1f1b")
     virtual_stages: tuple[int, ...] = (2, 4)
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_with_pp: bool = True                 # False: tensor parallelism only without pipelines
     ep: tuple[int, ...] | None = None       # default: every divisor of dp and of the experts
     cp: tuple[int, ...] | None = None       # default: context_degrees()
+    # TP-communication overlap where it applies (enumerate_configs); off by default, as the
+    # engine does not run it: ``autoplan plan --tp-comm-overlap`` plans for the exporters
+    tp_comm_overlap: tuple[bool, ...] = (False,)
 
 
 #: Context parallelism is considered while every rank keeps at least this many tokens of a
@@ -121,6 +128,9 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
     world = cluster.world_size
     blocks = len(graph.blocks())
     seq = graph.batch.seq_len
+    checkpoints = [c for c in space.checkpoint
+                   if c != "selective" or any(l.stats.saved_bytes_attn for l in graph.blocks())]
+    gpu = not cluster.device.name.lower().startswith("cpu")
     cps = [c for c in context_degrees(graph, world) if space.cp is None or c in space.cp]
     for tp in tp_degrees(graph, cluster, divides):
         if space.tp is not None and tp not in space.tp:
@@ -154,13 +164,15 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
                             continue
                         if sp and seq is not None and (seq // cp) % tp:
                             continue
-                        for ckpt, (sched, v), ep in ((c, s, e) for c in space.checkpoint
-                                                     for s in schedules for e in eps):
+                        for ckpt, (sched, v), ep, ov in (
+                                (c, s, e, o) for c in checkpoints for s in schedules
+                                for e in eps for o in space.tp_comm_overlap
+                                if not o or (gpu and sp and e == 1 and cp == 1)):
                             yield ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero,
                                                  sequence_parallel=sp, micro_batch=b,
                                                  num_micro_batches=m, schedule=sched,
                                                  virtual_stages=v, checkpoint=ckpt, ep=ep,
-                                                 cp=cp)
+                                                 cp=cp, tp_comm_overlap=ov)
 
 
 def search_uniform(graph: OpGraph, cluster: Cluster, global_batch: int, *,
@@ -253,14 +265,15 @@ def explain_infeasible(closest: Candidate, cluster: Cluster) -> str:
     mem = closest.prediction.memory
     limit = closest.prediction.memory_limit_bytes
     p = closest.parallel
-    uses = {"ZeRO-3": p.zero == 3, "full activation checkpointing": p.checkpoint != "none",
+    uses = {"ZeRO-3": p.zero == 3, "full activation checkpointing": p.checkpoint == "full",
             "micro-batch 1": p.micro_batch == 1}
     pulled = [name for name, used in uses.items() if used]
     hints = []
     if p.zero < 3 and p.dp > 1:                 # ZeRO shards over data-parallel ranks only
         hints.append("ZeRO-3")
-    if p.checkpoint == "none":
-        hints.append("activation checkpointing")
+    if p.checkpoint != "full":
+        hints.append("full activation checkpointing" if p.checkpoint == "selective"
+                     else "activation checkpointing")
     if p.micro_batch > 1:
         hints.append("a smaller micro-batch")
     states = mem.params + mem.grads + mem.optimizer

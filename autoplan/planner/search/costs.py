@@ -51,7 +51,9 @@ from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_kind
 from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, usable_bytes
+from autoplan.cost.recompute import attention_core
 from autoplan.cost.step import REDUCE_BYTES  # noqa: F401  (fp32 gradients; compose, tables)
+from autoplan.cost.tp_overlap import tp_gemm_nodes
 from autoplan.graph import OpGraph
 from autoplan.placement import shard_dim
 from autoplan.planner.search.kinds import KindGraph, members
@@ -128,6 +130,11 @@ class TensorEdge:
     nbytes: float              # full bytes at the micro-batch
 
 
+#: Columns of ``KindCosts.extra``: attention-core forward s, its saved bytes, TP-GEMM s.
+CORE_FWD, CORE_ACT, GEMM_FWD, GEMM_BWD = range(4)
+EXTRA = 4
+
+
 @dataclass
 class KindCosts:
     """Per-anchor arrays over the anchor's candidate strategies valid on ``mesh``."""
@@ -160,6 +167,10 @@ class KindCosts:
     # per anchor, per candidate: matmuls reading a parameter sharded along an axis of size
     # > 1 (tensor parallelism; what DTensor's per-module work is counted by on shared cores,
     # :mod:`autoplan.cost.shared_cores`)
+    extra: list[np.ndarray] = field(default_factory=list)
+    # per anchor, (candidates, EXTRA): its attention core's forward seconds and saved bytes
+    # (selective recomputation, :mod:`autoplan.cost.recompute`), its TP-sharded GEMMs'
+    # forward and backward seconds (:mod:`autoplan.cost.tp_overlap`)
 
     def index(self, pos: int) -> int:
         return self.anchors.index(pos)
@@ -243,6 +254,12 @@ class CostModel:
         return sum(self.coll(c.collective, nbytes / c.divisor, mesh.group((c.axis,)))
                    for c in convs)
 
+    @functools.cached_property
+    def _core_and_gemms(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The attention core's ops (:func:`autoplan.cost.recompute.attention_core`) and the
+        TP-sharded GEMMs (:func:`autoplan.cost.tp_overlap.tp_gemm_nodes`) of the graph."""
+        return attention_core(self.graph), tp_gemm_nodes(self.graph)
+
     # ---- one kind ------------------------------------------------------------------------
     def layer_nodes(self, kg: KindGraph, layer: int | None = None) -> list[str]:
         return self.graph.layers[kg.layer if layer is None else layer].nodes
@@ -258,21 +275,27 @@ class CostModel:
         structure = self._structure(kg, mesh.shape, exported)
         anchors = kg.anchors
         cand, fwd, bwd, act, psi, gathered, out_specs = [], [], [], [], [], [], []
-        cfwd, cbwd, internal, tp_mm = [], [], [], []
+        cfwd, cbwd, internal, tp_mm, extra = [], [], [], [], []
+        core, gemms = self._core_and_gemms
         in_info: dict[tuple[int, int], tuple[int, list, list]] = {}
         for ai, a in enumerate(anchors):
-            keep, f_l, b_l, act_l, psi_l, g_l, mm_l = [], [], [], [], [], [], []
+            keep, f_l, b_l, act_l, psi_l, g_l, mm_l, ex_l = [], [], [], [], [], [], [], []
             cf_l, cb_l, in_l = [], [], []
             outs: dict[tuple[int, int], list] = {}
             ins: dict[tuple[int, int], tuple[list, list]] = {}
             for k, rec in structure[ai]:
                 if not all(_int_divides(dim * scale_b, n) for dim, _, n in rec.checks):
                     continue
-                f = b = 0.0
+                f = b = cof = gf = gb = 0.0
                 for name, tp, batch_split, batchy in rec.ops:
                     tf, tb = self.op_time(name, tp, scale_b / batch_split if batchy else 1.0)
                     f += tf
                     b += tb
+                    if name in core:
+                        cof += tf
+                    if name in gemms:
+                        gf += tf
+                        gb += tb
                 moves = [(d, c, ax, nb * (scale_b if sc else 1.0) / div)
                          for d, c, ax, nb, sc, div in rec.moves]
                 keep.append(k)
@@ -284,7 +307,9 @@ class CostModel:
                 f_l.append(f)
                 b_l.append(b)
                 act_l.append(sum(nb * (scale_b if batchy else 1.0) / shard
-                                 for nb, batchy, shard in rec.saved))
+                                 for nb, batchy, shard, _ in rec.saved))
+                ex_l.append((cof, sum(nb * (scale_b if batchy else 1.0) / shard
+                                      for nb, batchy, shard, attn in rec.saved if attn), gf, gb))
                 psi_l.append(rec.pvec)
                 g_l.append(rec.gbytes)
                 mm_l.append(rec.tp_matmuls)
@@ -308,6 +333,7 @@ class CostModel:
             psi.append(np.array(psi_l).reshape(len(keep), len(BUCKETS)))
             gathered.append(np.array(g_l))
             tp_mm.append(np.array(mm_l, dtype=int))
+            extra.append(np.array(ex_l).reshape(len(keep), EXTRA))
             out_specs.append(outs)
             for key, (specs, spl) in ins.items():
                 in_info[key] = (ai, specs, spl)
@@ -329,7 +355,7 @@ class CostModel:
                 edges.append(TensorEdge(u, src.ref, src.output, v, m, q, nbytes))
         return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
                          act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
-                         tp_mm)
+                         tp_mm, extra)
 
     def _structure(self, kg: KindGraph, sizes: tuple[int, int], exported: frozenset[int]
                    ) -> list[list[tuple[int, "_Candidate"]]]:
@@ -423,7 +449,8 @@ class CostModel:
                 # its saved outputs grow with the batch if they do (not a loss's scalars)
                 grows = any(_scaled(p, m) for p, m in zip(info.output_shapes,
                                                           node.output_meta))
-                rec.saved.append((node.saved_bytes, grows, shard))
+                rec.saved.append((node.saved_bytes, grows, shard,
+                                  node.saved_is_attention_matrix))
             for o, spec in enumerate(s.outputs):
                 rec.o_specs[(pos, o)] = spec
             for q, spec in enumerate(s.inputs):
@@ -464,7 +491,8 @@ class _Candidate:
     ops: list[tuple[str, int, int, bool]] = field(default_factory=list)
     # (node, split beyond the batch, batch split, batchy)
     moves: list[tuple] = field(default_factory=list)    # (dir, coll, axis, bytes, scaled, div)
-    saved: list[tuple[int, bool, int]] = field(default_factory=list)   # (bytes, batchy, shard)
+    saved: list[tuple[int, bool, int, bool]] = field(default_factory=list)
+    # (bytes, batchy, shard, an attention matrix?)
     pvec: list[float] = field(default_factory=lambda: [0.0] * len(BUCKETS))
     gbytes: float = 0.0
     tp_matmuls: int = 0

@@ -40,11 +40,13 @@ import numpy as np
 
 from autoplan.cost.comm import Group
 from autoplan.cost.memory import temporary_bytes
+from autoplan.cost.recompute import core_fwd_flops
 from autoplan.cost.step import ChunkCost, ParamBucket, StepModel, Workload
 from autoplan.plan import Prediction
 from autoplan.planner.search.compose import ModelStructure, transition_edges
-from autoplan.planner.search.costs import (BUCKETS, CostModel, KindCosts, TensorEdge, conversions,
-                                    grad_spec, passes_partial, required_grad)
+from autoplan.planner.search.costs import (BUCKETS, CORE_ACT, CORE_FWD, GEMM_BWD, GEMM_FWD,
+                                    CostModel, KindCosts, TensorEdge, conversions, grad_spec,
+                                    passes_partial, required_grad)
 from autoplan.planner.search.mesh import LogicalMesh
 
 Buckets = dict[tuple[str, str, int], float]      # (direction, collective, axis) -> bytes
@@ -61,6 +63,8 @@ class StageChoice:
     choice: tuple[tuple[str, tuple[int, ...]], ...]
     zero: int = 0
     checkpoint: bool = False
+    selective: bool = False        # selective recomputation (the attention core only)
+    tp_overlap: bool = False       # TP collectives overlapped with their GEMMs
 
     def of(self, kind: str) -> tuple[int, ...]:
         return dict(self.choice)[kind]
@@ -228,7 +232,7 @@ class Evaluator:
     def _stage_cost(self, st: StageChoice, micro_batch: int, last: bool,
                     cross_node: bool) -> ChunkCost:
         ms, mesh = self.ms, st.mesh
-        fwd = bwd = tp_f = tp_b = act = peak = gathered = 0.0
+        fwd = bwd = tp_f = tp_b = act = peak = gathered = core = gemm_f = gemm_b = 0.0
         psi = np.zeros(len(BUCKETS))
         comm_cache: dict[tuple[str, str | None], tuple] = {}
         composer = self.composer
@@ -264,12 +268,19 @@ class Evaluator:
             cpu_f += cpu[0]
             cpu_b += cpu[1]
             recompute = st.checkpoint and ms.is_block[l]
+            selective = st.selective and not st.checkpoint and ms.is_block[l]
             layer_psi = np.zeros(len(BUCKETS))
-            layer_act = 0.0
+            layer_act = layer_core = 0.0
             layer_gathered = 0.0
             for ai, j in enumerate(ch):
                 fwd += kc.fwd[ai][j]
                 bwd += kc.bwd[ai][j]
+                ex = kc.extra[ai][j]
+                gemm_f += ex[GEMM_FWD]
+                gemm_b += ex[GEMM_BWD]
+                if selective:
+                    core += ex[CORE_FWD]
+                    layer_core += ex[CORE_ACT]
                 layer_act += kc.act[ai][j]
                 layer_gathered += kc.gathered[ai][j]
                 p = kc.psi[ai][j]
@@ -296,6 +307,9 @@ class Evaluator:
             if recompute:
                 act += self._kept_input(st, l, micro_batch)
                 peak = max(peak, layer_act)
+            elif selective:      # the attention matrices recomputed, one layer's at a time
+                act += layer_act - layer_core
+                peak = max(peak, layer_core)
             else:
                 act += layer_act
         send = 0.0
@@ -311,7 +325,10 @@ class Evaluator:
                          float(act), float(peak), st.checkpoint, buckets, float(gathered),
                          st.zero, mesh.size, float(cpu_f), float(cpu_b), modules,
                          transient=temporary_bytes(self.graph, st.start, st.end,
-                                                   micro_batch / self.b0, mesh.size))
+                                                   micro_batch / self.b0, mesh.size),
+                         selective=float(core),
+                         tp_overlap=mesh.shape[-1] if st.tp_overlap else 0,
+                         gemm_fwd=float(gemm_f), gemm_bwd=float(gemm_b))
 
     def _imported(self, st: StageChoice, l: int, micro_batch: int) -> float:
         """Saved bytes of what layer ``l`` reads from layer ``l - 1``, as it places them."""
@@ -368,10 +385,14 @@ class Evaluator:
         gb = p.global_batch
         graph = self.graph
         model_flops = (graph.fwd_flops + graph.bwd_flops) * gb / self.b0
-        recompute_flops = sum(graph.layers[l].stats.fwd_flops
-                              for st in p.stages if st.checkpoint
-                              for l in range(st.start, st.end) if self.ms.is_block[l]) \
-            * gb / self.b0
+        recompute_flops = (sum(graph.layers[l].stats.fwd_flops
+                               for st in p.stages if st.checkpoint
+                               for l in range(st.start, st.end) if self.ms.is_block[l])
+                           + core_fwd_flops(graph, [l for st in p.stages
+                                                    if st.selective and not st.checkpoint
+                                                    for l in range(st.start, st.end)
+                                                    if self.ms.is_block[l]],
+                                          self.cm._core_and_gemms[0])) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,
                         tokens=gb * (graph.batch.seq_len or 1), model_flops=model_flops,

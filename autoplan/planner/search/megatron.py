@@ -154,7 +154,9 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
             choice = tuple((k, tuple(int(restrict[k][ai][sol.choice[dec.offset[k] + ai]])
                                      for ai in range(len(costs[k].anchors))))
                            for k, _ in comp.counts)
-            stages.append(StageChoice(a, b, mesh, choice, p.zero, ckpt))
+            stages.append(StageChoice(a, b, mesh, choice, p.zero, ckpt,
+                                      selective=p.checkpoint == "selective",
+                                      tp_overlap=p.tp_comm_overlap))
         return PipelineChoice(tuple(stages), micro_batch, p.num_micro_batches, p.schedule,
                               p.virtual_stages)
 

@@ -17,7 +17,9 @@ Steps (timings in ``SearchResult.seconds``):
    * price every layout of every kind on every submesh's logical meshes
      (:func:`~autoplan.planner.search.tables.kind_table`), and every unit range on every submesh
      at every pipeline position (:func:`~autoplan.planner.search.tables.range_table`): the best
-     (layouts, ZeRO stage, recomputation) that fits in device memory;
+     (layouts, ZeRO stage, recomputation) that fits in device memory -- recomputation none,
+     full or selective (the attention core, :mod:`autoplan.cost.recompute`; where blocks
+     keep attention matrices), per stage, a plan never mixing full and selective stages;
    * **inter-op pass**: Alpa's DP over stages and submeshes
      (:func:`~autoplan.planner.search.inter_op.pipeline_dp`) for 1F1B (GPipe has the same latency
      and more activations in flight);
@@ -74,7 +76,8 @@ class SearchOptions:
     max_stages: int = 32
     virtual_stages: tuple[int, ...] = (2, 4)
     zero: tuple[int, ...] = (0, 1, 2, 3)
-    checkpoint: tuple[bool, ...] = (False, True)
+    checkpoint: tuple[bool | str, ...] = (False, True, "selective")   # "selective": the
+    # attention core (autoplan.cost.recompute), only where blocks keep attention matrices
     lambdas: tuple[float, ...] = (0.0, 1e-11, 1e-10, math.inf)
     library_lambdas: tuple[float, ...] = LAMBDAS
     megatron_seeds: bool = True
@@ -200,9 +203,12 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     dpn = cluster.devices_per_node
     # (calibrated memory fits; the overheads the ILP does not model held back)
     memory = solver_budget_bytes(cm.memory_limit_bytes, ev.step.gpu) / cm.memory_factor
-    combos = [(lam, z, ck) for lam in opts.lambdas for z in opts.zero for ck in opts.checkpoint]
+    # selective recomputation saves nothing where no block keeps an attention matrix
+    attn = any(l.stats.saved_bytes_attn for l in ms.graph.blocks())
+    checkpoints = [ck for ck in opts.checkpoint if ck != "selective" or attn]
+    combos = [(lam, z, ck) for lam in opts.lambdas for z in opts.zero for ck in checkpoints]
     combos += [(coherent, z, ck) for coherent in lib.coherent() for z in opts.zero
-               for ck in opts.checkpoint]
+               for ck in checkpoints]
     kinds = list(dict.fromkeys(ms.layer_kind))
     n_blocks = sum(ms.is_block)
     max_stages = max(1, min(opts.max_stages, len(units) - 1, v_units))
@@ -265,7 +271,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     # all (a CPU cluster's candidates are few)
     limit = len(candidates) if ev.composer is not None else opts.exact_candidates
     for c in candidates:
-        if c.choice in seen:
+        if c.choice in seen or _mixed_recompute(c.choice):
             continue
         seen.add(c.choice)
         c.prediction = ev.predict(c.choice)
@@ -295,7 +301,14 @@ def _stage(ms: ModelStructure, mesh: LogicalMesh, combo, pick: dict[str, int], t
     _, z, ck = combo
     present = list(dict.fromkeys(ms.layer_kind[start:end]))
     choice = tuple((k, tables[(k, mesh)].layouts[pick[k]]) for k in present)
-    return StageChoice(start, end, mesh, choice, z, bool(ck))
+    return StageChoice(start, end, mesh, choice, z, ck is True,
+                       selective=ck == "selective")
+
+
+def _mixed_recompute(p: PipelineChoice) -> bool:
+    """Stages recomputed fully beside stages recomputed selectively: a plan names one mode
+    for its recomputed layers (``parallel.checkpoint``), so such a choice is not written."""
+    return any(st.checkpoint for st in p.stages) and any(st.selective for st in p.stages)
 
 
 def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int, m: int,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.planner.search.costs import BUCKETS, REDUCE_BYTES
+from autoplan.planner.search.costs import BUCKETS, CORE_ACT, CORE_FWD, REDUCE_BYTES
 from autoplan.planner.grid.estimate import OVERLAP_COST
 from autoplan.planner.search.evaluate import Evaluator
 from autoplan.planner.search.mesh import LogicalMesh
@@ -51,6 +51,8 @@ class KindTable:
     psi: np.ndarray                    # (L, 4) local parameters per sync bucket
     gathered: np.ndarray               # parameter bytes, gathered (ZeRO-3)
     row_of: dict[tuple[int, ...], int] = None     # library layout -> row
+    sf: np.ndarray = None              # attention core's forward (selective recomputation)
+    sact: np.ndarray = None            # its attention matrices (bytes)
 
 
 def _line(ev: Evaluator, collective: str, group) -> tuple[float, float]:
@@ -94,10 +96,13 @@ def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
                                                                          micro_batch, ch)
         rows.append((f, b, ev._time(fb, mesh), ev._time(bb, mesh), act,
                      _kept(ev, kind, mesh, micro_batch, ch), psi,
-                     sum(kc.gathered[ai][j] for ai, j in enumerate(ch))))
+                     sum(kc.gathered[ai][j] for ai, j in enumerate(ch)),
+                     sum(kc.extra[ai][j, CORE_FWD] for ai, j in enumerate(ch)),
+                     sum(kc.extra[ai][j, CORE_ACT] for ai, j in enumerate(ch))))
     arr = list(zip(*rows))
     return KindTable(valid, *(np.array(a, dtype=float) for a in arr[:6]),
-                     np.array(arr[6]), np.array(arr[7], dtype=float), row_of)
+                     np.array(arr[6]), np.array(arr[7], dtype=float), row_of,
+                     np.array(arr[8], dtype=float), np.array(arr[9], dtype=float))
 
 
 def _imported(ev: Evaluator, kind: str, mesh, micro_batch: int, ch) -> float:
@@ -148,7 +153,8 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
     fixed = {c: i for i, c in enumerate(combos) if isinstance(c[0], tuple)}
     lam = np.array([0.0 if isinstance(c[0], tuple) else c[0] for c in combos])[:, None]
     zs = np.array([c[1] for c in combos])
-    cks = np.array([c[2] for c in combos])[:, None]
+    cks = np.array([c[2] is True for c in combos])[:, None]           # full recomputation
+    sels = np.array([c[2] == "selective" for c in combos])[:, None]
     finite = np.isfinite(lam)
     # bytes per parameter of each bucket at each combo's ZeRO stage: (C, 4)
     per = (p_b / np.where(zs[:, None] >= 3, div, 1.0) + g_b / np.where(zs[:, None] >= 2, div, 1.0)
@@ -161,8 +167,9 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
                    for bi in range(len(BUCKETS)))
         opt = opt_rate * ((1.0 / opt_div) @ t.psi.T)                  # (C, L)
         rec = cks & ms.is_block[ms.kinds[k].layer]
-        tl = t.f + t.b + t.cf + t.cb + np.where(rec, t.f + t.cf, 0.0)
-        mem = states + np.where(rec, t.kept, t.act)
+        sel = sels & ms.is_block[ms.kinds[k].layer]
+        tl = t.f + t.b + t.cf + t.cb + np.where(rec, t.f + t.cf, np.where(sel, t.sf, 0.0))
+        mem = states + np.where(rec, t.kept, np.where(sel, t.act - t.sact, t.act))
         score = np.where(finite, tl + (OVERLAP_COST * sync + opt) / m +
                          np.where(finite, lam, 0.0) * mem, mem + 1e-9 * tl)
         best = np.argmin(score, axis=1)
@@ -285,9 +292,9 @@ class LayerArrays:
     c_fb: np.ndarray         # ... of forward + backward compute
     c_act: np.ndarray        # ... of kept activations
     c_psi: np.ndarray        # (L + 1, 4) ... of local parameters per bucket
-    peak: np.ndarray         # per layer: a recomputed layer's full activations
-    gathered: np.ndarray     # per layer: parameter bytes when gathered
-    checkpoint: bool
+    peak: np.ndarray         # per layer: a recomputed layer's full activations (selective:
+    gathered: np.ndarray     # its attention matrices); per layer: parameter bytes gathered
+    checkpoint: bool         # full recomputation (selective adds its forward to c_t)
     _sparse: tuple = None        # sparse tables of both per-layer maxima (built on first use)
 
     def sparse(self) -> tuple[np.ndarray, np.ndarray]:
@@ -311,7 +318,8 @@ def _sparse_table(x: np.ndarray) -> np.ndarray:
 
 
 def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
-                 pick: dict[str, int], checkpoint: bool) -> LayerArrays:
+                 pick: dict[str, int], checkpoint: bool | str) -> LayerArrays:
+    """``checkpoint``: False, True (full recomputation of the blocks) or 'selective'."""
     ms = ev.ms
     kinds = ms.layer_kind
     n_layers = len(kinds)
@@ -323,9 +331,17 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
     def per_layer(field: str) -> np.ndarray:        # each layer takes its kind's pick
         return np.array([getattr(t, field)[s] for t, s in sel], dtype=float)[kidx]
 
-    rec = np.array(ms.is_block, dtype=bool) & bool(checkpoint)
+    rec = np.array(ms.is_block, dtype=bool) & (checkpoint is True)
+    part = np.array(ms.is_block, dtype=bool) & (checkpoint == "selective")
     f, b, cf, cb = (per_layer(x) for x in ("f", "b", "cf", "cb"))
     act_full, kept, gath = per_layer("act"), per_layer("kept"), per_layer("gathered")
+    if part.any():             # the attention core: recomputed, its matrices not kept
+        sf, sact = per_layer("sf"), per_layer("sact")
+        b = b + np.where(part, sf, 0.0)
+        act_full = np.where(part, act_full - sact, act_full)
+        peak_sel = np.where(part, sact, 0.0)
+    else:
+        peak_sel = np.zeros(n_layers)
     psi = per_layer("psi")
     trans = np.zeros(n_layers)
     trans_f = np.zeros(n_layers)
@@ -343,7 +359,7 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
     return LayerArrays(z1(f + b + cf + cb), z1(f + cf), z1(trans), z1(trans_f), z1(b), z1(f + b),
                        z1(np.where(rec, kept, act_full)),
                        np.vstack([np.zeros(len(BUCKETS)), np.cumsum(psi, axis=0)]),
-                       np.where(rec, act_full, 0.0), gath, checkpoint)
+                       np.where(rec, act_full, peak_sel), gath, checkpoint is True)
 
 
 @dataclass

@@ -35,7 +35,8 @@ GB = 1e9
 
 def choice_label(p: PipelineChoice) -> str:
     """Short label, e.g. '2 stages [64x2 z2, 64x2 z2] mb128x12 interleaved_1f1b v4'."""
-    per = [f"{st.mesh.label()} z{st.zero}" + (" ckpt" if st.checkpoint else "")
+    per = [f"{st.mesh.label()} z{st.zero}" + (" ckpt" if st.checkpoint else
+                                               " sel-ckpt" if st.selective else "")
            for st in p.stages[:p.pp]]
     if len(set(per)) == 1:
         stages = f"{p.pp} x [{per[0]}]"
@@ -49,6 +50,16 @@ def _uniform(p: PipelineChoice) -> bool:
     first = p.stages[0]
     return all(st.mesh.shape == first.mesh.shape and st.zero == first.zero
                for st in p.stages) and p.micro_batch % first.mesh.shape[0] == 0
+
+
+def _recompute_mode(p: PipelineChoice) -> str:
+    """``parallel.checkpoint`` of a searched plan: 'selective' when its recomputed stages
+    recompute the attention core (the search never mixes it with full), 'full' when every
+    stage recomputes its blocks, else 'none' (some stages' ``checkpoint_layers`` then say
+    which are recomputed fully)."""
+    if any(st.selective for st in p.stages):
+        return "selective"
+    return "full" if all(st.checkpoint for st in p.stages) else "none"
 
 
 def _sequence_parallel(result: SearchResult, st: StageChoice, micro_batch: int) -> bool:
@@ -138,8 +149,7 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
                                   micro_batch=p.micro_batch // a0,
                                   num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                                   virtual_stages=p.virtual_stages,
-                                  checkpoint="full" if all(s.checkpoint for s in p.stages)
-                                  else "none")
+                                  checkpoint=_recompute_mode(p))
         mesh = MeshSpec(shape=(p.pp, a0, a1), device_type=device_type)
     else:
         axis_names = ("a0", "a1")
@@ -147,8 +157,7 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
                                   micro_batch=p.micro_batch,
                                   num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                                   virtual_stages=p.virtual_stages,
-                                  checkpoint="full" if all(s.checkpoint for s in p.stages)
-                                  else "none")
+                                  checkpoint=_recompute_mode(p))
         mesh = MeshSpec(shape=(world,), axis_names=("rank",), device_type=device_type)
     offsets = ev.rank_offsets(p)
     layer_names = [layer.name for layer in graph.layers]
@@ -163,7 +172,7 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
         param_placements.update(params)
         names = tuple(layer_names[st.start:st.end])
         ckpt = tuple(nm for l, nm in zip(range(st.start, st.end), names)
-                     if st.checkpoint and ms.is_block[l])
+                     if (st.checkpoint or st.selective) and ms.is_block[l])
         split = math.prod(st.mesh.shape[axis_names.index(a)] for a in data) if data else 1
         nxt = (c + 1) % p.pp
         cross = c == n - 1 or ev.cross_node(offsets[d], st.mesh.size, offsets[nxt],
@@ -171,7 +180,8 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
         sc = ev.stage_cost(st, p.micro_batch, last=c == n - 1, cross_node=cross)
         predicted = {"compute_s": float(sc.fwd + sc.bwd),
                      "layer_comm_s": float(sc.tp_fwd + sc.tp_bwd),
-                     "recompute_s": float(sc.fwd + sc.tp_fwd) if st.checkpoint else 0.0,
+                     "recompute_s": float(sc.fwd + sc.tp_fwd) if st.checkpoint
+                     else float(sc.selective),
                      "send_s": float(2 * sc.send), "activation_bytes": float(sc.act),
                      "parameters_local": float(sum(b.count for b in sc.buckets)), "mesh": st.mesh.label()}
         stages.append(Stage(index=c, layers=(st.start, st.end), layer_names=names,
