@@ -1,0 +1,67 @@
+"""Bounded planning time off the GPT path (issue 15, item 7): what keeps the zoo's plans
+under a minute of CPU time. The timings themselves are ``benchmarks/model_zoo.py``'s
+``plan_s`` columns, not asserted here."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.graph import OpNode, TensorMeta
+from autoplan.profile.signature import Signature, shard_candidates
+from autoplan.profile.store import OpEntry, OpProfile
+
+T = TensorMeta
+
+
+def _node(op: str, ins, outs, role="replicated", flops=0.0) -> OpNode:
+    return OpNode(name=op, op=op, inputs=[], input_meta=list(ins), output_meta=list(outs),
+                  fwd_flops=flops, bwd_flops=2 * flops, bytes_read=0, bytes_written=0,
+                  tp_role=role)
+
+
+def _mm_profile() -> OpProfile:
+    node = _node("aten.mm.default", [T((64, 64), "float32"), T((64, 64), "float32")],
+                 [T((64, 64), "float32")])
+    entry = OpEntry(op=node.op, dtype="float32", inputs=tuple(node.input_meta),
+                    outputs=tuple(node.output_meta), fwd_s=1e-4, bwd_s=2e-4, repeats=5,
+                    flops=2.0 * 64 ** 3, bytes=3 * 64 * 64 * 4, source="s")
+    return OpProfile(device="cpu-test", entries={entry.key: entry},
+                     sources={"s": {"kind": "measured"}})
+
+
+CONV = _node("aten.convolution.default",
+             [T((8, 64, 56, 56), "float32"), T((128, 64, 3, 3), "float32")],
+             [T((8, 128, 28, 28), "float32")], role="column", flops=2.0 * 8 * 128 * 28 * 28 * 576)
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_unmeasured_op_is_roofline_without_a_replay(monkeypatch, t):
+    """A convolution on a profile with no convolution: the roofline at once. Before, every
+    shard candidate was reconstructed first (up to 4096 meta calls each, ~5 s per
+    convolution signature and TP degree), which kept ResNet-50 on 2 CPU ranks planning for
+    over 15 minutes."""
+    import autoplan.profile.lookup as lookup
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("replayed an op the profile never measured")
+
+    monkeypatch.setattr(lookup, "sharded_call", no_replay)
+    table = lookup.OpTimeTable(_mm_profile())
+    found = table.explain(CONV, t)
+    assert (found.fwd_s, found.bwd_s, found.source) == (None, None, "roofline")
+    want = Signature.of(CONV) if t == 1 else next(iter(shard_candidates(
+        Signature.of(CONV), "column", t)))
+    assert found.key == want.key
+    assert table.counts == {"roofline": 1}
+
+
+def test_measured_op_still_replays_its_shard():
+    """The short cut leaves measured ops alone: an mm of the profile's op is still looked up
+    at its reconstructed TP shard (exact here)."""
+    from autoplan.profile.lookup import OpTimeTable
+
+    table = OpTimeTable(_mm_profile())
+    node = _node("aten.mm.default", [T((64, 128), "float32"), T((128, 64), "float32")],
+                 [T((64, 64), "float32")], role="row", flops=2.0 * 64 * 128 * 64)
+    assert table.lookup(node, shard=2) == (1e-4, 2e-4)
+    assert table.last_source == "exact"
