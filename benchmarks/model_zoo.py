@@ -3,6 +3,7 @@ from their configs (never downloaded), through trace -> plan -> engine.
 
     PYTHONPATH=.:/path/to/zoo-deps python benchmarks/model_zoo.py            # every row
     python benchmarks/model_zoo.py --only gpt2,bert --no-engine              # a few, plan only
+    python benchmarks/model_zoo.py --jobs 2                                  # 2 rows at once
 
 Rows: Hugging Face transformers (every task family: causal LM, masked LM, encoder-decoder,
 image classification), torchvision and timm classifiers and ``torch.nn.Transformer``
@@ -20,7 +21,8 @@ API ``autoplan.optimize(module, cluster, example_inputs=...)``. Columns:
 * ``vs grid``: the plan's predicted step time over the uniform grid's best for the same
   problem (<= 1: the search is never predicted slower); the grid's number is its own
   prediction, or the search evaluator's repricing of the same configuration where it has one;
-* ``engine``: a small fp32 config planned for 2 gloo ranks and run with ``autoplan run``
+* ``engine``: a small fp32 config (dropout off, :func:`_no_dropout`) planned for 2 gloo
+  ranks and run with ``autoplan run``
   (3 steps), against one process running the same model (a 1-device plan): the largest
   relative loss difference over the steps, or what failed (first line of the error).
 
@@ -37,7 +39,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -247,7 +251,7 @@ def engine_row(name: str, steps: int = 3) -> dict:
     model, extra, small, _ = ZOO[name]
     if model.startswith("module:"):
         model = _NN                      # the engine rebuilds a model from its plan's spec
-    spec = resolve(model, **{**extra, **small})
+    spec = resolve(model, **{**_no_dropout(model), **extra, **small})
     base = load_cluster("local-cpu")
     out: dict = {"model": name}
     with tempfile.TemporaryDirectory() as tmp:
@@ -292,6 +296,21 @@ def engine_row(name: str, steps: int = 3) -> dict:
     return out
 
 
+def _no_dropout(model: str) -> dict:
+    """Every dropout probability of a Hugging Face config set to 0 (the keys whose name has
+    "drop" and whose default is a positive float): ranks that each see part of the batch
+    draw other dropout masks than one process drawing for the whole batch, so with dropout
+    on the losses differ by ~1e-3 whatever the runtime does. The other rows' small configs
+    have no dropout (torchvision, timm) or set ``dropout=0.0`` (``nn.Transformer``)."""
+    if not model.startswith("hf:"):
+        return {}
+    import transformers
+
+    defaults = transformers.AutoConfig.for_model(model[3:]).to_dict()
+    return {k: 0.0 for k, v in defaults.items() if "drop" in k and isinstance(v, float)
+            and v > 0}
+
+
 # ---- the table ----------------------------------------------------------------------------
 
 def _missing(package: str | None) -> str | None:
@@ -306,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated row names")
     parser.add_argument("--no-engine", action="store_true")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="rows measured at once (default 1; the timings are CPU time, "
+                             "but a shared machine is better left at 1-2)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -314,26 +336,43 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row, default=str))
         return 0
     names = [n for n in (args.only.split(",") if args.only else ZOO)]
-    rows = []
-    for name in names:
-        row: dict = {"model": name, "source": ZOO[name][0]}
-        why = _missing(ZOO[name][3])
-        if why:
-            row["not_installable"] = why
-            rows.append(row)
-            print(f"{name:24s} not installable here: {why}", flush=True)
-            continue
-        for which in ("gpu16", "cpu2"):
-            got, err = _child(["--child", which, name], WALL_LIMIT_S)
-            row[which] = got if got is not None else {"error": err}
-        if not args.no_engine:
-            got, err = _child(["--child", "engine", name], WALL_LIMIT_S)
-            row["engine"] = got if got is not None else {"error": err}
-        rows.append(row)
-        print(_line(row), flush=True)
-        result = _save(rows, merge=bool(args.only))      # after every row: a cut-off run
-    _table(result["rows"], result["targets"])            # keeps what it measured
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        parser.error(f"unknown row(s) {', '.join(unknown)}; rows: {', '.join(ZOO)}")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    rows: list[dict] = []
+    lock = threading.Lock()
+
+    def one(name: str) -> None:
+        row = _measure(name, engine=not args.no_engine)
+        with lock:                                   # after every row: a cut-off run
+            rows.append(row)                         # keeps what it measured
+            print(_line(row) if "not_installable" not in row else
+                  f"{name:24s} not installable here: {row['not_installable']}", flush=True)
+            _save(rows, merge=bool(args.only))
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(one, names))
+    result = _save(rows, merge=bool(args.only))
+    _table(result["rows"], result["targets"])
     return 0
+
+
+def _measure(name: str, *, engine: bool) -> dict:
+    """One row: each column in its own child process (:func:`_child`)."""
+    row: dict = {"model": name, "source": ZOO[name][0]}
+    why = _missing(ZOO[name][3])
+    if why:
+        row["not_installable"] = why
+        return row
+    for which in ("gpu16", "cpu2"):
+        got, err = _child(["--child", which, name], WALL_LIMIT_S)
+        row[which] = got if got is not None else {"error": err}
+    if engine:
+        got, err = _child(["--child", "engine", name], WALL_LIMIT_S)
+        row["engine"] = got if got is not None else {"error": err}
+    return row
 
 
 def _save(rows: list[dict], *, merge: bool) -> dict:
@@ -343,7 +382,9 @@ def _save(rows: list[dict], *, merge: bool) -> dict:
         old = json.loads(RESULTS.read_text())
         merged = {r["model"]: r for r in old.get("rows", [])}
         merged.update({r["model"]: r for r in rows})
-        rows = [merged[n] for n in ZOO if n in merged]
+        rows = list(merged.values())
+    order = {n: i for i, n in enumerate(ZOO)}
+    rows = sorted(rows, key=lambda r: order.get(r["model"], len(order)))
     result = {"machine": _machine(), "rows": rows, "targets": _targets(rows),
               "missing_rows": [n for n in ZOO if n not in {r["model"] for r in rows}]}
     RESULTS.write_text(json.dumps(result, indent=2, default=str) + "\n")

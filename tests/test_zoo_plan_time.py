@@ -65,3 +65,48 @@ def test_measured_op_still_replays_its_shard():
                  [T((64, 64), "float32")], role="row", flops=2.0 * 64 * 128 * 64)
     assert table.lookup(node, shard=2) == (1e-4, 2e-4)
     assert table.last_source == "exact"
+
+
+def _library(budget_s: float, monkeypatch) -> tuple[list[float], object]:
+    import autoplan.planner.library as library
+    from autoplan.api import prepare
+    from autoplan.models import resolve
+    from autoplan.planner.compose import analyse
+    from autoplan.planner.costs import CostModel
+    from autoplan.planner.evaluate import Evaluator
+
+    limits: list[float] = []
+    real = library.solve
+
+    def spy(problem, *, time_limit_s, backend):
+        limits.append(time_limit_s)
+        return real(problem, time_limit_s=time_limit_s, backend=backend)
+
+    monkeypatch.setattr(library, "solve", spy)
+    spec = resolve("gpt", vocab_size=512, hidden=128, layers=2, heads=4, seq_len=64)
+    problem = prepare(spec, "dgx-a100", global_batch=16, precision="mixed")
+    ms = analyse(problem.spec, problem.graph)
+    ev = Evaluator(CostModel(problem.graph, problem.cluster, precision="mixed"), ms)
+    lib = library.build_library(ev, ms, problem.cluster.world_size, 16, time_limit_s=30.0,
+                                budget_s=budget_s)
+    return limits, lib
+
+
+def test_library_solves_share_a_cpu_budget(monkeypatch):
+    """Solve i of n may take min(time_limit_s, left / (n - i)), at least MIN_SOLVE_S: the
+    first gets budget / n; with the budget spent, each gets the floor; a budget that does
+    not bind leaves every solve its time limit."""
+    from autoplan.planner.library import MIN_SOLVE_S
+
+    limits, lib = _library(60.0, monkeypatch)
+    n = len(limits)
+    assert n >= 4
+    assert limits[0] == pytest.approx(60.0 / n)
+    assert all(MIN_SOLVE_S <= lim <= 30.0 for lim in limits)
+    assert all(later >= limits[0] - 1e-9 for later in limits[1:])   # quick solves leave more
+    assert [s["time_limit_s"] for s in lib.solves] == limits[:len(lib.solves)]
+    assert lib.layouts                       # a small model solves inside its share
+    spent, _ = _library(0.0, monkeypatch)
+    assert spent == [MIN_SOLVE_S] * len(spent)
+    roomy, _ = _library(1e6, monkeypatch)
+    assert roomy == [30.0] * len(roomy)
