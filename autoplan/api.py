@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from autoplan.cluster import Cluster, load_cluster
 from autoplan.cost.memory import DEFAULT_HEADROOM
-from autoplan.errors import ConfigError
+from autoplan.errors import ConfigError, PlanError
 from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec, default_seq_len, resolve
 from autoplan.plan import ParallelConfig, Plan
@@ -256,6 +256,14 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
             raise InfeasibleError(f"{uniform_error} (the search found no plan either: "
                                   f"{exc})") from None
         raise
+    except PlanError as exc:
+        if uniform_plan is None:
+            raise
+        # the search cannot model this graph (e.g. its op sequence at the probe batch does
+        # not line up with the trace, planner/record.py): the grid's best, saying why
+        note = (f"the search could not run ({' '.join(str(exc).split())[:300]}); this is "
+                "the uniform grid's best")
+        return replace(uniform_plan, planner={**uniform_plan.planner, "note": note}), uniform
     comparison: dict[str, Any] = {"planner": "uniform"}
     if uniform is None:
         comparison.update(feasible=False, message=uniform_error)

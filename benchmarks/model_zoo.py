@@ -276,7 +276,10 @@ def engine_row(name: str, steps: int = 3) -> dict:
                 p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
             proc = subprocess.run(
                 [sys.executable, "-m", "autoplan.cli", "run", str(path), "--steps", str(steps),
-                 "--out", str(run_dir)], capture_output=True, text=True, env=env, cwd=REPO,
+                 "--out", str(run_dir)]
+                # the plan names this benchmark's own import: factory, written just above
+                + (["--trust-model-code"] if model.startswith("import:") else []),
+                capture_output=True, text=True, env=env, cwd=REPO,
                 timeout=600)
             metrics = run_dir / "metrics.jsonl"
             if proc.returncode != 0 or not metrics.exists():

@@ -110,3 +110,25 @@ def test_library_solves_share_a_cpu_budget(monkeypatch):
     assert spent == [MIN_SOLVE_S] * len(spent)
     roomy, _ = _library(1e6, monkeypatch)
     assert roomy == [30.0] * len(roomy)
+
+
+def test_a_search_that_cannot_model_the_graph_gives_the_grids_best(monkeypatch):
+    """Every row plans: when the search cannot model the graph (nn.Transformer in bf16 at
+    batch 1 re-runs at the probe batch with other ops, planner/record.py's PlanError), the
+    default planner returns the uniform grid's best and says why, instead of failing."""
+    import autoplan
+    import autoplan.planner.search as search_module
+    from autoplan.errors import PlanError
+    from autoplan.models import resolve
+
+    def cannot(*args, **kwargs):
+        raise PlanError("re-running the model at batch 4 matched only 1061 of the 1225 "
+                        "traced ops")
+
+    monkeypatch.setattr(search_module, "search", cannot)
+    spec = resolve("gpt", vocab_size=512, hidden=128, layers=2, heads=4, seq_len=64)
+    plan = autoplan.optimize(spec, "dgx-a100", global_batch=16)
+    assert plan.planner["name"] == "uniform"
+    assert plan.planner["note"].startswith("the search could not run (re-running the model")
+    grid = autoplan.optimize(spec, "dgx-a100", global_batch=16, planner="uniform")
+    assert plan.parallel == grid.parallel
