@@ -132,3 +132,32 @@ def test_a_search_that_cannot_model_the_graph_gives_the_grids_best(monkeypatch):
     assert plan.planner["note"].startswith("the search could not run (re-running the model")
     grid = autoplan.optimize(spec, "dgx-a100", global_batch=16, planner="uniform")
     assert plan.parallel == grid.parallel
+
+
+def test_the_search_re_runs_float_inputs_in_the_compute_dtype():
+    """planner/record.py re-runs the forward at the probe batch: float inputs (pixels) go
+    in the compute dtype as the tracer's did, else a bf16 convolution gets a float32 image
+    ("Input type (float) and bias type (BFloat16)": timm ConvNeXt and torchvision ViT-B/16
+    on 16 GPUs)."""
+    import torch
+    import torch.nn as nn
+
+    from autoplan.api import prepare
+    from autoplan.planner.record import record_layers
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 4, stride=4)
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.head(self.conv(x).flatten(1)), y)
+
+    batch = (torch.randn(4, 3, 4, 4), torch.randint(0, 4, (4,)))
+    problem = prepare(Tiny(), "dgx-a100", global_batch=8, example_inputs=batch)
+    assert problem.graph.dtype == "bfloat16"
+    rec = record_layers(problem.spec, problem.graph, list(range(len(problem.graph.layers))))
+    convs = [op for ops in rec.ops.values() for op in ops if "convolution" in op.name
+             or "convolution" in str(op.func)]
+    assert convs and all(ref.dtype == torch.bfloat16 for op in convs for ref in op.outputs)
