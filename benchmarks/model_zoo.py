@@ -34,6 +34,7 @@ reported as not installable, with the reason. Results: ``benchmarks/results/mode
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -50,6 +51,7 @@ PLAN_LIMIT_S = 60.0            # the target: CPU seconds per plan
 WALL_LIMIT_S = 900             # a hung search is cut off here (the machine is shared)
 # (the 60 s target is CPU time; the wall-clock limit only stops a search that runs away)
 PARITY = 1e-5
+COLUMNS = ("gpu16", "cpu2", "engine")
 #: Models above this many parameters are planned for 2 CPU ranks (6 GB each) at their small
 #: engine config: the default 7B-class configs do not fit them (weights, gradients and Adam
 #: state are 16 bytes a parameter).
@@ -328,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated row names")
     parser.add_argument("--no-engine", action="store_true")
+    parser.add_argument("--columns", default=",".join(COLUMNS),
+                        help=f"comma-separated columns to measure (default all: "
+                             f"{','.join(COLUMNS)}); with --only the others are kept")
     parser.add_argument("--jobs", type=int, default=1,
                         help="rows measured at once (default 1; the timings are CPU time, "
                              "but a shared machine is better left at 1-2)")
@@ -344,11 +349,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown row(s) {', '.join(unknown)}; rows: {', '.join(ZOO)}")
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    columns = [c for c in args.columns.split(",") if c and not (args.no_engine and
+                                                                 c == "engine")]
+    if not columns or set(columns) - set(COLUMNS):
+        parser.error(f"--columns takes some of {','.join(COLUMNS)}, got {args.columns!r}")
     rows: list[dict] = []
     lock = threading.Lock()
 
     def one(name: str) -> None:
-        row = _measure(name, engine=not args.no_engine)
+        row = _measure(name, columns)
         with lock:                                   # after every row: a cut-off run
             rows.append(row)                         # keeps what it measured
             print(_line(row) if "not_installable" not in row else
@@ -362,35 +371,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _measure(name: str, *, engine: bool) -> dict:
-    """One row: each column in its own child process (:func:`_child`)."""
+def _measure(name: str, columns: list[str]) -> dict:
+    """One row's ``columns``, each in its own child process (:func:`_child`)."""
     row: dict = {"model": name, "source": ZOO[name][0]}
     why = _missing(ZOO[name][3])
     if why:
         row["not_installable"] = why
         return row
-    for which in ("gpu16", "cpu2"):
+    for which in columns:
         got, err = _child(["--child", which, name], WALL_LIMIT_S)
         row[which] = got if got is not None else {"error": err}
-    if engine:
-        got, err = _child(["--child", "engine", name], WALL_LIMIT_S)
-        row["engine"] = got if got is not None else {"error": err}
     return row
 
 
 def _save(rows: list[dict], *, merge: bool) -> dict:
     """Write the results; a partial run (``--only``) is merged into the file's rows."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(Path(tempfile.gettempdir()) / "autoplan-model_zoo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # two runs (--columns) may merge into the file
+        return _save_locked(rows, merge=merge)
+
+
+def _save_locked(rows: list[dict], *, merge: bool) -> dict:
     if merge and RESULTS.exists():
         old = json.loads(RESULTS.read_text())
         merged = {r["model"]: r for r in old.get("rows", [])}
-        merged.update({r["model"]: r for r in rows})
+        for r in rows:                      # per column: a row's other columns are kept
+            merged[r["model"]] = {**merged.get(r["model"], {}), **r}
         rows = list(merged.values())
     order = {n: i for i, n in enumerate(ZOO)}
     rows = sorted(rows, key=lambda r: order.get(r["model"], len(order)))
     result = {"machine": _machine(), "rows": rows, "targets": _targets(rows),
               "missing_rows": [n for n in ZOO if n not in {r["model"] for r in rows}]}
-    RESULTS.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp.replace(RESULTS)
     return result
 
 
