@@ -22,9 +22,11 @@ API ``autoplan.optimize(module, cluster, example_inputs=...)``. Columns:
   problem (<= 1: the search is never predicted slower); the grid's number is its own
   prediction, or the search evaluator's repricing of the same configuration where it has one;
 * ``engine``: a small fp32 config (dropout off, :func:`_no_dropout`) planned for 2 gloo
-  ranks and run with ``autoplan run``
-  (3 steps), against one process running the same model (a 1-device plan): the largest
-  relative loss difference over the steps, or what failed (first line of the error).
+  ranks and run with ``autoplan run`` (3 steps, global batch 4), against one process
+  running the same model on the same micro-batches (a 1-device plan whose micro-batch is
+  the rows one rank computes at a time: BatchNorm's statistics are over those rows, as
+  without SyncBatchNorm in any data-parallel run): the largest relative loss difference
+  over the steps, or what failed (first line of the error).
 
 Optional packages: torchvision (0.16.0 installed with ``--no-deps``: newer wheels are CUDA
 builds that do not import beside the CPU torch) and timm; a row whose package is missing is
@@ -263,9 +265,13 @@ def engine_row(name: str, steps: int = 3) -> dict:
             try:
                 if world == 1:
                     plan = autoplan.estimate(spec, cluster, global_batch=4, precision="fp32",
-                                             micro_batch=4)
+                                             micro_batch=micro)
                 else:
                     plan = autoplan.optimize(spec, cluster, global_batch=4, precision="fp32")
+                    # the reference computes the same micro-batches, one after the other
+                    # (BatchNorm normalises over the rows one rank sees at a time)
+                    micro = plan.global_batch // (plan.parallel.dp *
+                                                  plan.parallel.num_micro_batches)
             except Exception as exc:  # noqa: BLE001 -- reported, the benchmark goes on
                 out["error"] = f"planning for {world} rank(s): {type(exc).__name__}: {exc}"
                 return out
