@@ -182,8 +182,9 @@ def runnable_space(spec: ModelSpec, space: SearchSpace) -> SearchSpace:
         changes["pp"] = (1,)
     from autoplan.capability import adapted
 
-    if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines
-        changes["tp_with_pp"] = False
+    if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines,
+        changes["tp_with_pp"] = False           # and no interleaved schedule (capability.py)
+        changes["schedules"] = tuple(s for s in space.schedules if s != "interleaved_1f1b")
     return replace(space, **changes)
 
 
@@ -247,6 +248,10 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     options = options or SearchOptions()
     if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
         options = replace(options, max_stages=1)
+    from autoplan.capability import adapted
+
+    if not adapted(problem.spec):                    # the generic runtime: no interleaving
+        options = replace(options, virtual_stages=())
     try:
         result = search(problem.spec, problem.graph, problem.cluster,
                         global_batch=problem.global_batch, precision=problem.precision,

@@ -39,6 +39,7 @@ import argparse
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -291,10 +292,7 @@ def engine_row(name: str, steps: int = 3) -> dict:
                 timeout=600)
             metrics = run_dir / "metrics.jsonl"
             if proc.returncode != 0 or not metrics.exists():
-                lines = [ln for ln in (proc.stderr + proc.stdout).splitlines()
-                         if "error" in ln.lower()] or proc.stderr.strip().splitlines()[-1:]
-                out["error"] = (f"{world} rank(s): " + (lines[0].strip() if lines else
-                                                         f"exit {proc.returncode}"))[:300]
+                out["error"] = f"{world} rank(s): {_failure(proc)}"[:300]
                 return out
             runs[world] = {r["step"]: r["loss"] for r in
                            map(json.loads, metrics.read_text().splitlines())}
@@ -305,6 +303,18 @@ def engine_row(name: str, steps: int = 3) -> dict:
     out["parity"] = max(abs(a[k] - b[k]) / abs(b[k]) for k in a)
     out["losses"] = [a[k] for k in sorted(a)]
     return out
+
+
+def _failure(proc: subprocess.CompletedProcess) -> str:
+    """The first exception line a failed run printed ("SomeError: why", rank prefixes
+    dropped), else its first line mentioning an error, else its exit status."""
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip()
+             for ln in (proc.stderr + "\n" + proc.stdout).splitlines()]
+    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)]
+    if raised:
+        return raised[0]
+    said = [ln for ln in lines if "error" in ln.lower()]
+    return said[0] if said else f"exit {proc.returncode}"
 
 
 def _no_dropout(model: str) -> dict:
