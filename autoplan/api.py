@@ -165,9 +165,11 @@ def head_counts(spec: ModelSpec) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def runnable_space(spec: ModelSpec, space: SearchSpace) -> SearchSpace:
+def runnable_space(spec: ModelSpec, space: SearchSpace,
+                   graph: OpGraph | None = None) -> SearchSpace:
     """Restrict ``space`` to what the engine can run for this model (no TP for a fused-QKV
-    GPT-2, no pipeline with tied embeddings, ...), so plans are never paper."""
+    GPT-2, no pipeline with tied embeddings, no TP of a ``graph`` with convolutions on the
+    generic runtime, ...), so plans are never paper."""
     from dataclasses import replace
 
     from autoplan.models.capabilities import capabilities
@@ -185,6 +187,11 @@ def runnable_space(spec: ModelSpec, space: SearchSpace) -> SearchSpace:
     if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines,
         changes["tp_with_pp"] = False           # and no interleaved schedule (capability.py)
         changes["schedules"] = tuple(s for s in space.schedules if s != "interleaved_1f1b")
+        if graph is not None and any(n.op.startswith("aten.convolution")
+                                     for n in graph.nodes.values()):
+            # DTensor's convolution handles spatially sharded inputs only: its backward
+            # asserts the input is a DTensor (torch/distributed/tensor/_tp_conv.py)
+            changes["tp"] = (1,)
     return replace(space, **changes)
 
 
@@ -208,7 +215,7 @@ def plan_problem(problem: Problem, *, space: SearchSpace = SearchSpace(), top_k:
 def _plan_uniform(problem: Problem, *, space: SearchSpace, top_k: int,
                   progress: Callable[[int], None] | None) -> tuple[Plan, SearchResult]:
     result = search_uniform(problem.graph, problem.cluster, problem.global_batch,
-                            space=runnable_space(problem.spec, space),
+                            space=runnable_space(problem.spec, space, problem.graph),
                             precision=problem.precision,
                             divides=head_counts(problem.spec), progress=progress,
                             estimator=problem.estimator())

@@ -310,7 +310,8 @@ def _failure(proc: subprocess.CompletedProcess) -> str:
     dropped), else its first line mentioning an error, else its exit status."""
     lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip()
              for ln in (proc.stderr + "\n" + proc.stdout).splitlines()]
-    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)]
+    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)
+              and "ChildFailedError" not in ln]          # torchrun's summary, not the cause
     if raised:
         return raised[0]
     said = [ln for ln in lines if "error" in ln.lower()]
