@@ -37,3 +37,16 @@ def test_small_torchvision_vit_is_its_own_class():
     assert len(model.net.encoder.layers) == 2
     loss = model(*model.example_batch(2, None, "cpu"))
     assert loss.shape == () and torch.isfinite(loss)
+
+
+def test_hf_deit_builds_its_trainable_classifier():
+    """transformers maps deit to two classes (the classifier, then the inference-only
+    ...WithTeacher): the first is built, and its forward returns the loss."""
+    from autoplan.models.registry import build_model, example_batch, resolve
+
+    spec = resolve("hf:deit", num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                   intermediate_size=64, image_size=16, patch_size=8)
+    model = build_model(spec, device="cpu")
+    assert type(model).__name__ == "DeiTForImageClassificationForTraining"
+    loss = model(*example_batch(spec, 2, device="cpu"))
+    assert loss.shape == ()
