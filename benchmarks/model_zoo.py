@@ -379,11 +379,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)                         # keeps what it measured
             print(_line(row) if "not_installable" not in row else
                   f"{name:24s} not installable here: {row['not_installable']}", flush=True)
-            _save(rows, merge=bool(args.only))
+            # merging: this row only (another run may have updated the others since)
+            _save([row] if args.only else rows, merge=bool(args.only))
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, names))
-    result = _save(rows, merge=bool(args.only))
+    result = _save([] if args.only else rows, merge=bool(args.only))
     _table(result["rows"], result["targets"])
     return 0
 
