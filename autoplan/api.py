@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from autoplan.cluster import Cluster, load_cluster
 from autoplan.cost.memory import DEFAULT_HEADROOM
-from autoplan.errors import ConfigError
+from autoplan.errors import ConfigError, PlanError
 from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec, default_seq_len, resolve
 from autoplan.plan import ParallelConfig, Plan
@@ -188,9 +188,11 @@ def head_counts(spec: ModelSpec) -> tuple[int, ...]:
     return tuple(sorted(set(out)))
 
 
-def runnable_space(spec: ModelSpec, space: SearchSpace) -> SearchSpace:
+def runnable_space(spec: ModelSpec, space: SearchSpace,
+                   graph: OpGraph | None = None) -> SearchSpace:
     """Restrict ``space`` to what the engine can run for this model (no TP for a fused-QKV
-    GPT-2, no pipeline with tied embeddings, ...), so plans are never paper."""
+    GPT-2, no pipeline with tied embeddings, no TP of a ``graph`` with convolutions on the
+    generic runtime, ...), so plans are never paper."""
     from dataclasses import replace
 
     from autoplan.models.capabilities import capabilities
@@ -205,8 +207,14 @@ def runnable_space(spec: ModelSpec, space: SearchSpace) -> SearchSpace:
         changes["pp"] = (1,)
     from autoplan.capability import adapted
 
-    if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines
-        changes["tp_with_pp"] = False
+    if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines,
+        changes["tp_with_pp"] = False           # and no interleaved schedule (capability.py)
+        changes["schedules"] = tuple(s for s in space.schedules if s != "interleaved_1f1b")
+        if graph is not None and any(n.op.startswith("aten.convolution")
+                                     for n in graph.nodes.values()):
+            # DTensor's convolution handles spatially sharded inputs only: its backward
+            # asserts the input is a DTensor (torch/distributed/tensor/_tp_conv.py)
+            changes["tp"] = (1,)
     return replace(space, **changes)
 
 
@@ -230,7 +238,7 @@ def plan_problem(problem: Problem, *, space: SearchSpace = SearchSpace(), top_k:
 def _plan_uniform(problem: Problem, *, space: SearchSpace, top_k: int,
                   progress: Callable[[int], None] | None) -> tuple[Plan, SearchResult]:
     result = search_uniform(problem.graph, problem.cluster, problem.global_batch,
-                            space=runnable_space(problem.spec, space),
+                            space=runnable_space(problem.spec, space, problem.graph),
                             precision=problem.precision,
                             divides=head_counts(problem.spec), progress=progress,
                             estimator=problem.estimator(), keep=top_k + 1)
@@ -270,6 +278,10 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     options = options or SearchOptions()
     if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
         options = replace(options, max_stages=1)
+    from autoplan.capability import adapted
+
+    if not adapted(problem.spec):                    # the generic runtime: no interleaving
+        options = replace(options, virtual_stages=())
     try:
         result = search(problem.spec, problem.graph, problem.cluster,
                         global_batch=problem.global_batch, precision=problem.precision,
@@ -279,6 +291,14 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
             raise InfeasibleError(f"{uniform_error} (the search found no plan either: "
                                   f"{exc})") from None
         raise
+    except PlanError as exc:
+        if uniform_plan is None:
+            raise
+        # the search cannot model this graph (e.g. its op sequence at the probe batch does
+        # not line up with the trace, planner/record.py): the grid's best, saying why
+        note = (f"the search could not run ({' '.join(str(exc).split())[:300]}); this is "
+                "the uniform grid's best")
+        return replace(uniform_plan, planner={**uniform_plan.planner, "note": note}), uniform
     comparison: dict[str, Any] = {"planner": "uniform"}
     if uniform is None:
         comparison.update(feasible=False, message=uniform_error)

@@ -27,7 +27,8 @@ tensor parallel             ``pp == 1``; every sharded weight's dim divisible by
 sequence parallel           no: it needs a Megatron layout of the residual stream,
                             which only the adapted models declare
 pipeline                    ``tp == 1``, stages that begin at a block, no
-                            activation checkpointing inside stages; the model must
+                            activation checkpointing inside stages, GPipe or 1F1B
+                            (not interleaved: labels skip stages); the model must
                             export as one graph (``torch.export``, checked at launch)
 per-op layouts              no: stage submeshes of their own shapes, batch split
                             along more than ``dp``
@@ -104,6 +105,11 @@ def generic_gap(plan: "Plan") -> str | None:
             if not st.layer_names or st.layer_names[0] in ("<pre>", "<post>"):
                 return (f"field 'stages[{st.index}].layer_names': a pipeline stage must "
                         "begin with a block")
+        if p.virtual_stages > 1 or p.schedule == "interleaved_1f1b":
+            return ("field 'parallel.schedule': the generic runtime does not run interleaved "
+                    "1F1B (the batch inputs the last stage reads, such as labels, skip the "
+                    "stages between, which torch.distributed.pipelining's multi-stage "
+                    "schedules refuse); use 1f1b or gpipe")
         if p.virtual_stages > 1 and p.num_micro_batches % p.pp:
             return ("field 'parallel.num_micro_batches': interleaved 1F1B needs a multiple "
                     f"of pp={p.pp}")

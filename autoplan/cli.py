@@ -298,7 +298,8 @@ def _progress_search(problem, space=None, top_k: int = 5, quiet: bool = False):
     space = space or SearchSpace()
     total = sum(1 for _ in enumerate_configs(problem.graph, problem.cluster,
                                              problem.global_batch,
-                                             runnable_space(problem.spec, space),
+                                             runnable_space(problem.spec, space,
+                                                            problem.graph),
                                              head_counts(problem.spec)))
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(),

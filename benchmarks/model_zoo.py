@@ -3,6 +3,7 @@ from their configs (never downloaded), through trace -> plan -> engine.
 
     PYTHONPATH=.:/path/to/zoo-deps python benchmarks/model_zoo.py            # every row
     python benchmarks/model_zoo.py --only gpt2,bert --no-engine              # a few, plan only
+    python benchmarks/model_zoo.py --jobs 2                                  # 2 rows at once
 
 Rows: Hugging Face transformers (every task family: causal LM, masked LM, encoder-decoder,
 image classification), torchvision and timm classifiers and ``torch.nn.Transformer``
@@ -20,9 +21,12 @@ API ``autoplan.optimize(module, cluster, example_inputs=...)``. Columns:
 * ``vs grid``: the plan's predicted step time over the uniform grid's best for the same
   problem (<= 1: the search is never predicted slower); the grid's number is its own
   prediction, or the search evaluator's repricing of the same configuration where it has one;
-* ``engine``: a small fp32 config planned for 2 gloo ranks and run with ``autoplan run``
-  (3 steps), against one process running the same model (a 1-device plan): the largest
-  relative loss difference over the steps, or what failed (first line of the error).
+* ``engine``: a small fp32 config (dropout off, :func:`_no_dropout`) planned for 2 gloo
+  ranks and run with ``autoplan run`` (3 steps, global batch 4), against one process
+  running the same model on the same micro-batches (a 1-device plan whose micro-batch is
+  the rows one rank computes at a time: BatchNorm's statistics are over those rows, as
+  without SyncBatchNorm in any data-parallel run): the largest relative loss difference
+  over the steps, or what failed (first line of the error).
 
 Optional packages: torchvision (0.16.0 installed with ``--no-deps``: newer wheels are CUDA
 builds that do not import beside the CPU torch) and timm; a row whose package is missing is
@@ -32,12 +36,16 @@ reported as not installable, with the reason. Results: ``benchmarks/results/mode
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,6 +54,7 @@ PLAN_LIMIT_S = 60.0            # the target: CPU seconds per plan
 WALL_LIMIT_S = 900             # a hung search is cut off here (the machine is shared)
 # (the 60 s target is CPU time; the wall-clock limit only stops a search that runs away)
 PARITY = 1e-5
+COLUMNS = ("gpu16", "cpu2", "engine")
 #: Models above this many parameters are planned for 2 CPU ranks (6 GB each) at their small
 #: engine config: the default 7B-class configs do not fit them (weights, gradients and Adam
 #: state are 16 bytes a parameter).
@@ -247,7 +256,7 @@ def engine_row(name: str, steps: int = 3) -> dict:
     model, extra, small, _ = ZOO[name]
     if model.startswith("module:"):
         model = _NN                      # the engine rebuilds a model from its plan's spec
-    spec = resolve(model, **{**extra, **small})
+    spec = resolve(model, **{**_no_dropout(model), **extra, **small})
     base = load_cluster("local-cpu")
     out: dict = {"model": name}
     with tempfile.TemporaryDirectory() as tmp:
@@ -257,9 +266,13 @@ def engine_row(name: str, steps: int = 3) -> dict:
             try:
                 if world == 1:
                     plan = autoplan.estimate(spec, cluster, global_batch=4, precision="fp32",
-                                             micro_batch=4)
+                                             micro_batch=micro)
                 else:
                     plan = autoplan.optimize(spec, cluster, global_batch=4, precision="fp32")
+                    # the reference computes the same micro-batches, one after the other
+                    # (BatchNorm normalises over the rows one rank sees at a time)
+                    micro = plan.global_batch // (plan.parallel.dp *
+                                                  plan.parallel.num_micro_batches)
             except Exception as exc:  # noqa: BLE001 -- reported, the benchmark goes on
                 out["error"] = f"planning for {world} rank(s): {type(exc).__name__}: {exc}"
                 return out
@@ -272,14 +285,14 @@ def engine_row(name: str, steps: int = 3) -> dict:
                 p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
             proc = subprocess.run(
                 [sys.executable, "-m", "autoplan.cli", "run", str(path), "--steps", str(steps),
-                 "--out", str(run_dir)], capture_output=True, text=True, env=env, cwd=REPO,
+                 "--out", str(run_dir)]
+                # the plan names this benchmark's own import: factory, written just above
+                + (["--trust-model-code"] if model.startswith("import:") else []),
+                capture_output=True, text=True, env=env, cwd=REPO,
                 timeout=600)
             metrics = run_dir / "metrics.jsonl"
             if proc.returncode != 0 or not metrics.exists():
-                lines = [ln for ln in (proc.stderr + proc.stdout).splitlines()
-                         if "error" in ln.lower()] or proc.stderr.strip().splitlines()[-1:]
-                out["error"] = (f"{world} rank(s): " + (lines[0].strip() if lines else
-                                                         f"exit {proc.returncode}"))[:300]
+                out["error"] = f"{world} rank(s): {_failure(proc)}"[:300]
                 return out
             runs[world] = {r["step"]: r["loss"] for r in
                            map(json.loads, metrics.read_text().splitlines())}
@@ -290,6 +303,34 @@ def engine_row(name: str, steps: int = 3) -> dict:
     out["parity"] = max(abs(a[k] - b[k]) / abs(b[k]) for k in a)
     out["losses"] = [a[k] for k in sorted(a)]
     return out
+
+
+def _failure(proc: subprocess.CompletedProcess) -> str:
+    """The first exception line a failed run printed ("SomeError: why", rank prefixes
+    dropped), else its first line mentioning an error, else its exit status."""
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip()
+             for ln in (proc.stderr + "\n" + proc.stdout).splitlines()]
+    raised = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)
+              and "ChildFailedError" not in ln]          # torchrun's summary, not the cause
+    if raised:
+        return raised[0]
+    said = [ln for ln in lines if "error" in ln.lower()]
+    return said[0] if said else f"exit {proc.returncode}"
+
+
+def _no_dropout(model: str) -> dict:
+    """Every dropout probability of a Hugging Face config set to 0 (the keys whose name has
+    "drop" and whose default is a positive float): ranks that each see part of the batch
+    draw other dropout masks than one process drawing for the whole batch, so with dropout
+    on the losses differ by ~1e-3 whatever the runtime does. The other rows' small configs
+    have no dropout (torchvision, timm) or set ``dropout=0.0`` (``nn.Transformer``)."""
+    if not model.startswith("hf:"):
+        return {}
+    import transformers
+
+    defaults = transformers.AutoConfig.for_model(model[3:]).to_dict()
+    return {k: 0.0 for k, v in defaults.items() if "drop" in k and isinstance(v, float)
+            and v > 0}
 
 
 # ---- the table ----------------------------------------------------------------------------
@@ -306,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="comma-separated row names")
     parser.add_argument("--no-engine", action="store_true")
+    parser.add_argument("--columns", default=",".join(COLUMNS),
+                        help=f"comma-separated columns to measure (default all: "
+                             f"{','.join(COLUMNS)}); with --only the others are kept")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="rows measured at once (default 1; the timings are CPU time, "
+                             "but a shared machine is better left at 1-2)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -314,39 +361,69 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row, default=str))
         return 0
     names = [n for n in (args.only.split(",") if args.only else ZOO)]
-    rows = []
-    for name in names:
-        row: dict = {"model": name, "source": ZOO[name][0]}
-        why = _missing(ZOO[name][3])
-        if why:
-            row["not_installable"] = why
-            rows.append(row)
-            print(f"{name:24s} not installable here: {why}", flush=True)
-            continue
-        for which in ("gpu16", "cpu2"):
-            got, err = _child(["--child", which, name], WALL_LIMIT_S)
-            row[which] = got if got is not None else {"error": err}
-        if not args.no_engine:
-            got, err = _child(["--child", "engine", name], WALL_LIMIT_S)
-            row["engine"] = got if got is not None else {"error": err}
-        rows.append(row)
-        print(_line(row), flush=True)
-        result = _save(rows, merge=bool(args.only))      # after every row: a cut-off run
-    _table(result["rows"], result["targets"])            # keeps what it measured
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        parser.error(f"unknown row(s) {', '.join(unknown)}; rows: {', '.join(ZOO)}")
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    columns = [c for c in args.columns.split(",") if c and not (args.no_engine and
+                                                                 c == "engine")]
+    if not columns or set(columns) - set(COLUMNS):
+        parser.error(f"--columns takes some of {','.join(COLUMNS)}, got {args.columns!r}")
+    rows: list[dict] = []
+    lock = threading.Lock()
+
+    def one(name: str) -> None:
+        row = _measure(name, columns)
+        with lock:                                   # after every row: a cut-off run
+            rows.append(row)                         # keeps what it measured
+            print(_line(row) if "not_installable" not in row else
+                  f"{name:24s} not installable here: {row['not_installable']}", flush=True)
+            # merging: this row only (another run may have updated the others since)
+            _save([row] if args.only else rows, merge=bool(args.only))
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(one, names))
+    result = _save([] if args.only else rows, merge=bool(args.only))
+    _table(result["rows"], result["targets"])
     return 0
+
+
+def _measure(name: str, columns: list[str]) -> dict:
+    """One row's ``columns``, each in its own child process (:func:`_child`)."""
+    row: dict = {"model": name, "source": ZOO[name][0]}
+    why = _missing(ZOO[name][3])
+    if why:
+        row["not_installable"] = why
+        return row
+    for which in columns:
+        got, err = _child(["--child", which, name], WALL_LIMIT_S)
+        row[which] = got if got is not None else {"error": err}
+    return row
 
 
 def _save(rows: list[dict], *, merge: bool) -> dict:
     """Write the results; a partial run (``--only``) is merged into the file's rows."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(Path(tempfile.gettempdir()) / "autoplan-model_zoo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # two runs (--columns) may merge into the file
+        return _save_locked(rows, merge=merge)
+
+
+def _save_locked(rows: list[dict], *, merge: bool) -> dict:
     if merge and RESULTS.exists():
         old = json.loads(RESULTS.read_text())
         merged = {r["model"]: r for r in old.get("rows", [])}
-        merged.update({r["model"]: r for r in rows})
-        rows = [merged[n] for n in ZOO if n in merged]
+        for r in rows:                      # per column: a row's other columns are kept
+            merged[r["model"]] = {**merged.get(r["model"], {}), **r}
+        rows = list(merged.values())
+    order = {n: i for i, n in enumerate(ZOO)}
+    rows = sorted(rows, key=lambda r: order.get(r["model"], len(order)))
     result = {"machine": _machine(), "rows": rows, "targets": _targets(rows),
               "missing_rows": [n for n in ZOO if n not in {r["model"] for r in rows}]}
-    RESULTS.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp.replace(RESULTS)
     return result
 
 

@@ -58,10 +58,19 @@ def torchvision_model(arch: str = "resnet50", image_size: int = 224,
     """``torchvision.models.<arch>(num_classes=..., **kwargs)`` with a cross-entropy loss."""
     import torchvision.models as tvm
 
+    if arch.startswith("vit") and _VIT_SIZES & kwargs.keys():
+        # a smaller ViT: ``vit_b_16`` and friends fix these sizes, and each builds this class
+        return ImageClassifier(tvm.VisionTransformer(image_size=image_size,
+                                                     num_classes=num_classes, **kwargs),
+                               image_size, num_classes)
     if arch.startswith("vit"):
         kwargs.setdefault("image_size", image_size)
     return ImageClassifier(getattr(tvm, arch)(num_classes=num_classes, **kwargs), image_size,
                            num_classes)
+
+
+#: the sizes torchvision's ``vit_*`` builders fix (``torchvision.models.VisionTransformer``)
+_VIT_SIZES = {"patch_size", "num_layers", "num_heads", "hidden_dim", "mlp_dim"}
 
 
 def timm_model(arch: str = "convnext_tiny", image_size: int = 224, num_classes: int = 1000,

@@ -355,9 +355,10 @@ class GenericModel:
             return
         try:
             yield
-        except (RuntimeError, NotImplementedError) as exc:
+        except (RuntimeError, NotImplementedError, AssertionError) as exc:
+            # (DTensor's convolution backward raises a bare AssertionError)
             raise PlanError(f"field 'parallel.tp': tensor parallelism on DTensors cannot run "
-                            f"this model's forward ({type(exc).__name__}: "
+                            f"this model's forward or backward ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:200]}); plan it with tp=1") from exc
 
     def backward_context(self):
@@ -398,7 +399,7 @@ class GenericModel:
             set_microbatch(self.root, zero=p.zero, last=i == n - 1)
             with autocast, self._tp_errors():
                 loss = self.run(*rows(batch, i * per, (i + 1) * per, len(batch[0])))
-            with self.backward_context():
+            with self.backward_context(), self._tp_errors():
                 (loss / n).backward()
             local += loss.detach().float() / n
         if p.tp > 1:

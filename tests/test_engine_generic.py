@@ -94,6 +94,70 @@ def test_generic_gap_names_the_field():
     assert "pipeline stages" in generic_gap(make_plan(spec=SPECS["user"], tp=2, pp=2,
                                                       global_batch=4))
     assert "checkpoint_layers" in generic_gap(_plan("user", pp=2, checkpoint=True))
+    # labels read by the last stage skip the stages between, which the multi-stage
+    # schedules refuse (torchvision ResNet-18 as 2 x 4 chunks: "only supports
+    # adjacent-stage communication")
+    assert "interleaved" in generic_gap(_plan("user", pp=2, num_micro_batches=2,
+                                              schedule="interleaved_1f1b", virtual_stages=2))
+
+
+def test_planners_propose_no_interleaved_schedule_for_the_generic_runtime():
+    """Both planners keep to what the generic runtime runs: the grid's space and the
+    search's options lose interleaved 1F1B for a model without an adapter."""
+    from autoplan.api import runnable_space
+    from autoplan.planner.uniform import SearchSpace
+
+    space = runnable_space(SPECS["user"], SearchSpace())
+    assert "interleaved_1f1b" not in space.schedules and "1f1b" in space.schedules
+    assert "interleaved_1f1b" in runnable_space(resolve("gpt-small"), SearchSpace()).schedules
+
+
+def test_no_tensor_parallelism_of_convolutions_on_the_generic_runtime(monkeypatch):
+    """DTensor's convolution backward asserts its input is a DTensor (it handles spatially
+    sharded inputs only): a 2-rank tp2 plan of torchvision ResNet-18 failed in backward.
+    The grid keeps tp = 1 for a traced graph with convolutions; the runtime's TP errors in
+    backward are PlanErrors naming the field."""
+    import torch.nn as nn
+
+    from autoplan.api import prepare, runnable_space
+    from autoplan.planner.uniform import SearchSpace
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 4, stride=4)
+            self.head = nn.Linear(8, 4)
+
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.head(self.conv(x).flatten(1)), y)
+
+    batch = (torch.randn(4, 3, 4, 4), torch.randint(0, 4, (4,)))
+    problem = prepare(Tiny(), "local-cpu", global_batch=8, example_inputs=batch)
+    assert runnable_space(problem.spec, SearchSpace(), problem.graph).tp == (1,)
+    assert runnable_space(problem.spec, SearchSpace()).tp is None
+    from autoplan.trust import TRUST_ENV
+
+    monkeypatch.setenv(TRUST_ENV, "1")            # the suite's own module
+    user = prepare(SPECS["user"], "local-cpu", global_batch=8)
+    assert runnable_space(user.spec, SearchSpace(), user.graph).tp is None
+
+
+def test_the_search_gets_no_virtual_stages_for_the_generic_runtime(monkeypatch):
+    import autoplan
+    import autoplan.planner.search as search_module
+
+    seen = []
+
+    def spy(*args, options, **kwargs):
+        seen.append(options)
+        raise PlanError("stop here: only the options are checked")
+
+    monkeypatch.setattr(search_module, "search", spy)
+    from autoplan.trust import TRUST_ENV
+
+    monkeypatch.setenv(TRUST_ENV, "1")
+    autoplan.optimize(SPECS["user"], "local-cpu", global_batch=8)
+    assert seen and seen[0].virtual_stages == ()
 
 
 def test_check_all_picks_the_generic_runtime_and_refuses_with_the_reason(tmp_path,

@@ -230,7 +230,10 @@ def _model_class(config, task: str):
     import fails when a package it probes is broken — a CUDA-built torchvision beside a CPU
     torch ("operator torchvision::nms does not exist"): a ConfigError naming the cause."""
     try:
-        return _mapping(_transformers(), task)[type(config)]
+        cls = _mapping(_transformers(), task)[type(config)]
+        # a few types map to several classes, the trainable one first (DeiT: the
+        # classifier, then its distillation variant ...WithTeacher, which is inference-only)
+        return cls[0] if isinstance(cls, tuple) else cls
     except (ImportError, RuntimeError) as exc:
         causes, cause = [], exc
         while cause is not None and len(causes) < 8:

@@ -102,13 +102,19 @@ class OpTimeTable:
 
     # ---- internals ---------------------------------------------------------------------
     def _find(self, node: OpNode, t: int) -> Lookup:
+        base = self._signature(node)
+        group = self._groups.get(_group(base.op, base.dtype, base.inputs), [])
+        if not group:
+            # Nothing of this op, dtype and input ranks was measured (sharding keeps all
+            # three): the roofline, without reconstructing the call (a replay search of up
+            # to MAX_TRIALS meta calls per shard candidate, seconds for a convolution).
+            shard = next(iter(shard_candidates(base, node.tp_role, t)), base) if t > 1 \
+                else base
+            return Lookup(None, None, "roofline", shard.key)
         sig, call = self._resolve(node, t)
         entry = self.profile.entries.get(sig.key)
         if entry is not None and entry.bwd_s is not None:
             return Lookup(entry.fwd_s, entry.bwd_s, "exact", sig.key, (sig.key,))
-        group = self._groups.get(_group(sig.op, sig.dtype, sig.inputs), [])
-        if not group:
-            return Lookup(None, None, "roofline", sig.key)
         use_flops = all(e.flops > 0 for e in group)
         if use_flops:
             flops = count_flops(call, sig) if call is not None else node.fwd_flops / t
@@ -122,10 +128,12 @@ class OpTimeTable:
         fwd, bwd, used = got
         return Lookup(fwd, bwd, "interpolated", sig.key, used)
 
-    def _resolve(self, node: OpNode, t: int) -> tuple[Signature, Call | None]:
+    def _signature(self, node: OpNode) -> Signature:
         sig = Signature.of(node)
-        if self.dtype is not None:
-            sig = sig.with_float_dtype(self.dtype)
+        return sig if self.dtype is None else sig.with_float_dtype(self.dtype)
+
+    def _resolve(self, node: OpNode, t: int) -> tuple[Signature, Call | None]:
+        sig = self._signature(node)
         memo = (sig.key, node.tp_role, t)
         if memo not in self._resolved:
             try:

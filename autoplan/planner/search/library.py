@@ -18,6 +18,13 @@ for the whole model on representative logical meshes:
   uniform one.
 
 Each solve is logged with its problem size and time (``Library.solves``).
+
+Bounded time: the solves share :data:`ILP_BUDGET_S` seconds of CPU time (building each
+ILP and CBC's solve, one thread; CBC's time limit is CPU time), handed out in order — whole-cluster meshes first, memory weight 0 first — so
+solve ``i`` of ``n`` may run ``min(time_limit_s, left / (n - i))`` (at least
+:data:`MIN_SOLVE_S`). A solve stopped by its limit contributes the best layout found so far
+(status ``FEASIBLE`` in ``Library.solves``), not the proven optimum; small problems (one
+block kind: every GPT-style model) solve to optimality well inside their share.
 """
 
 from __future__ import annotations
@@ -38,6 +45,12 @@ log = logging.getLogger(__name__)
 
 #: memory weights (seconds per byte) of the library's ILP solves; inf: least memory
 LAMBDAS = (0.0, 1e-11, math.inf)
+#: CPU seconds all the library's solves share (module docstring): an encoder-decoder's
+#: ILP (T5: 169 op groups, 45,889 pair variables on an 8 x 2 mesh) can take CBC minutes to
+#: prove optimal, which kept T5 on 16 GPUs planning for 130 s (issue 15, item 7)
+ILP_BUDGET_S = 20.0
+#: the least solver time a solve gets once the budget is spent
+MIN_SOLVE_S = 1.0
 
 
 @dataclass
@@ -96,12 +109,14 @@ def library_meshes(world: int, devices_per_node: int, nodes: int = 0) -> list[Lo
 
 def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: int, *,
                   lambdas=LAMBDAS, backend: str = "CBC", time_limit_s: float = 30.0,
-                  megatron: bool = True) -> Library:
-    """(module docstring)"""
+                  budget_s: float = ILP_BUDGET_S, megatron: bool = True) -> Library:
+    """(module docstring) The solves share ``budget_s`` CPU seconds: solve ``i``
+    of ``n`` may take ``max(MIN_SOLVE_S, min(time_limit_s, left / (n - i)))``."""
     lib = Library()
     graph = ms.graph
     comp = Composition.of(ms, 0, len(graph.layers))
     dpn = ev.cm.cluster.devices_per_node
+    work = []
     for mesh in library_meshes(world, dpn, ev.cm.cluster.nodes):
         # one node of a larger cluster (a pipeline stage's submesh): the fastest layouts
         whole = mesh.size == world
@@ -125,34 +140,40 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
                     continue
                 runs.append((0.0, restrict, f"Megatron dp{mesh.shape[0]} tp{mesh.shape[1]}"
                                             + tag))
-        for lam, restrict, origin in runs:
-            weight = 1e-9 if not math.isfinite(lam) else lam
-            t0 = time.perf_counter()
-            problem, dec = build_problem(ev.cm, ms, comp, mesh, micro_batch, micro_batches=m,
-                                         in_flight=1, checkpoint=False, mem_weight=weight,
-                                         costs=costs, restrict=restrict)
-            try:
-                sol = solve(problem, time_limit_s=time_limit_s, backend=backend)
-            except InfeasibleError:
-                continue
-            seconds = time.perf_counter() - t0
-            lib.solves.append({"mesh": mesh.label(), "micro_batch": micro_batch,
-                               "origin": origin, "problem": problem.describe(),
-                               "seconds": seconds, "status": sol.status})
-            log.info("library: %s: %s in %.2f s", origin, problem.describe(), seconds)
-            whole = []
-            for kind, _ in comp.counts:
-                kc = costs[kind]
-                sel = (restrict or {}).get(kind)
-                layout = []
-                for ai in range(len(kc.anchors)):
-                    j = sol.choice[dec.offset[kind] + ai]
-                    j = int(sel[ai][j]) if sel is not None else j
-                    layout.append(int(kc.cand[ai][j]))
-                lib.add(kind, tuple(layout), origin)
-                whole.append((kind, tuple(layout)))
-            lib.solutions.append(tuple(whole))
-            lib.unweighted.append(lam == 0.0)
+        work += [(mesh, micro_batch, m, costs, run) for run in runs]
+    spent = 0.0
+    for i, (mesh, micro_batch, m, costs, (lam, restrict, origin)) in enumerate(work):
+        limit = max(MIN_SOLVE_S, min(time_limit_s, (budget_s - spent) / (len(work) - i)))
+        weight = 1e-9 if not math.isfinite(lam) else lam
+        t0, c0 = time.perf_counter(), time.process_time()
+        problem, dec = build_problem(ev.cm, ms, comp, mesh, micro_batch, micro_batches=m,
+                                     in_flight=1, checkpoint=False, mem_weight=weight,
+                                     costs=costs, restrict=restrict)
+        try:
+            sol = solve(problem, time_limit_s=limit, backend=backend)
+        except InfeasibleError:
+            continue
+        finally:
+            spent += time.process_time() - c0
+        seconds = time.perf_counter() - t0
+        lib.solves.append({"mesh": mesh.label(), "micro_batch": micro_batch,
+                           "origin": origin, "problem": problem.describe(),
+                           "seconds": seconds, "status": sol.status,
+                           "time_limit_s": limit})
+        log.info("library: %s: %s in %.2f s", origin, problem.describe(), seconds)
+        whole = []
+        for kind, _ in comp.counts:
+            kc = costs[kind]
+            sel = (restrict or {}).get(kind)
+            layout = []
+            for ai in range(len(kc.anchors)):
+                j = sol.choice[dec.offset[kind] + ai]
+                j = int(sel[ai][j]) if sel is not None else j
+                layout.append(int(kc.cand[ai][j]))
+            lib.add(kind, tuple(layout), origin)
+            whole.append((kind, tuple(layout)))
+        lib.solutions.append(tuple(whole))
+        lib.unweighted.append(lam == 0.0)
     if not lib.layouts:
         raise InfeasibleError("no layout of the model's ops is valid on any mesh of this "
                               "cluster (the batch or the tensor dims do not divide)")

@@ -126,6 +126,9 @@ def record_layers(spec, graph: OpGraph, layers: list[int], *,
     dtype = getattr(torch, graph.dtype, torch.float32)
     model = build_model(spec, device="meta", dtype=dtype)
     batch = example_batch(spec, probe_batch, graph.batch.seq_len, device="meta")
+    # float inputs (pixels, embeddings) in the compute dtype, as the tracer traced them
+    batch = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                  for t in batch)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     params = {fqn: fake.from_tensor(p) for fqn, p in model.named_parameters()}
     buffers = {fqn: fake.from_tensor(b) for fqn, b in model.named_buffers()}
