@@ -105,7 +105,7 @@ def test_planners_propose_no_interleaved_schedule_for_the_generic_runtime():
     """Both planners keep to what the generic runtime runs: the grid's space and the
     search's options lose interleaved 1F1B for a model without an adapter."""
     from autoplan.api import runnable_space
-    from autoplan.planner.uniform import SearchSpace
+    from autoplan.planner.grid.uniform import SearchSpace
 
     space = runnable_space(SPECS["user"], SearchSpace())
     assert "interleaved_1f1b" not in space.schedules and "1f1b" in space.schedules
@@ -120,7 +120,7 @@ def test_no_tensor_parallelism_of_convolutions_on_the_generic_runtime(monkeypatc
     import torch.nn as nn
 
     from autoplan.api import prepare, runnable_space
-    from autoplan.planner.uniform import SearchSpace
+    from autoplan.planner.grid.uniform import SearchSpace
 
     class Tiny(nn.Module):
         def __init__(self):
@@ -144,7 +144,7 @@ def test_no_tensor_parallelism_of_convolutions_on_the_generic_runtime(monkeypatc
 
 def test_the_search_gets_no_virtual_stages_for_the_generic_runtime(monkeypatch):
     import autoplan
-    import autoplan.planner.search as search_module
+    import autoplan.planner.search.search as search_module
 
     seen = []
 

@@ -68,12 +68,12 @@ def test_measured_op_still_replays_its_shard():
 
 
 def _library(budget_s: float, monkeypatch) -> tuple[list[float], object]:
-    import autoplan.planner.library as library
+    import autoplan.planner.search.library as library
     from autoplan.api import prepare
     from autoplan.models import resolve
-    from autoplan.planner.compose import analyse
-    from autoplan.planner.costs import CostModel
-    from autoplan.planner.evaluate import Evaluator
+    from autoplan.planner.search.compose import analyse
+    from autoplan.planner.search.costs import CostModel
+    from autoplan.planner.search.evaluate import Evaluator
 
     limits: list[float] = []
     real = library.solve
@@ -96,7 +96,7 @@ def test_library_solves_share_a_cpu_budget(monkeypatch):
     """Solve i of n may take min(time_limit_s, left / (n - i)), at least MIN_SOLVE_S: the
     first gets budget / n; with the budget spent, each gets the floor; a budget that does
     not bind leaves every solve its time limit."""
-    from autoplan.planner.library import MIN_SOLVE_S
+    from autoplan.planner.search.library import MIN_SOLVE_S
 
     limits, lib = _library(60.0, monkeypatch)
     n = len(limits)
@@ -117,7 +117,7 @@ def test_a_search_that_cannot_model_the_graph_gives_the_grids_best(monkeypatch):
     batch 1 re-runs at the probe batch with other ops, planner/record.py's PlanError), the
     default planner returns the uniform grid's best and says why, instead of failing."""
     import autoplan
-    import autoplan.planner.search as search_module
+    import autoplan.planner.search.search as search_module
     from autoplan.errors import PlanError
     from autoplan.models import resolve
 
@@ -143,7 +143,7 @@ def test_the_search_re_runs_float_inputs_in_the_compute_dtype():
     import torch.nn as nn
 
     from autoplan.api import prepare
-    from autoplan.planner.record import record_layers
+    from autoplan.planner.search.record import record_layers
 
     class Tiny(nn.Module):
         def __init__(self):
