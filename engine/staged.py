@@ -153,6 +153,11 @@ def _prod(xs) -> int:
 class StagedPlace:
     """Where this rank is (what the trainer's logging, seeding and checkpoints need)."""
 
+    #: the per-op runtime runs neither expert nor context parallelism
+    #: (:func:`engine.runtime.check_all` sends those plans to the uniform runtime)
+    ep = 1
+    cp = 1
+
     def __init__(self, plan: Plan, stage_meshes: list[StageMesh], device: torch.device):
         self.rank = dist.get_rank()
         self.device = device

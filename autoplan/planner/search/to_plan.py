@@ -200,7 +200,9 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
     # SearchResult, and the CLI prints them)
     planner = {"name": "auto", "label": choice_label(p), "stats": result.stats,
                "evaluated": len(result.ranked), "feasible": len(result.ranked),
-               "ilp": [{k: v for k, v in s.items() if k != "seconds"}
+               # without the clock: seconds taken and the CPU-budget share given (a
+               # solve's status says whether its limit stopped it)
+               "ilp": [{k: v for k, v in s.items() if k not in ("seconds", "time_limit_s")}
                        for s in result.library.solves],
                "explain": explain_placements(result)}
     plan = Plan(model=spec.to_dict(), model_fingerprint=spec.fingerprint(),
