@@ -90,7 +90,10 @@ SMALL: dict[str, str | tuple[None, str]] = {
                                               "benchmarks/results/; run by hand")
        for name in ("megatron_sc21", "plan_speed", "engine_overhead", "solver_scaling",
                     "search_vs_uniform", "search_measured", "cost_model_accuracy",
-                    "fuzz_counts", "moe_cp")},
+                    "fuzz_counts", "moe_cp", "published_runs", "recompute")},
+    "PYTHONPATH=.:/path/to/zoo-deps python benchmarks/model_zoo.py --jobs 2":
+        (None, "needs torchvision and timm (a CPU build beside the CPU torch) and minutes per "
+               "model; run by hand"),
 }
 
 #: the Python snippet with smaller settings: (README text, text run here)
