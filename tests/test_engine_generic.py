@@ -117,21 +117,12 @@ def test_no_tensor_parallelism_of_convolutions_on_the_generic_runtime(monkeypatc
     sharded inputs only): a 2-rank tp2 plan of torchvision ResNet-18 failed in backward.
     The grid keeps tp = 1 for a traced graph with convolutions; the runtime's TP errors in
     backward are PlanErrors naming the field."""
-    import torch.nn as nn
-
     from autoplan.api import prepare, runnable_space
     from autoplan.planner.grid.uniform import SearchSpace
 
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 8, 4, stride=4)
-            self.head = nn.Linear(8, 4)
+    from user_model import TinyConvClassifier as Tiny
 
-        def forward(self, x, y):
-            return nn.functional.cross_entropy(self.head(self.conv(x).flatten(1)), y)
-
-    batch = (torch.randn(4, 3, 4, 4), torch.randint(0, 4, (4,)))
+    batch = Tiny.example_inputs()
     problem = prepare(Tiny(), "local-cpu", global_batch=8, example_inputs=batch)
     assert runnable_space(problem.spec, SearchSpace(), problem.graph).tp == (1,)
     assert runnable_space(problem.spec, SearchSpace()).tp is None

@@ -140,21 +140,13 @@ def test_the_search_re_runs_float_inputs_in_the_compute_dtype():
     ("Input type (float) and bias type (BFloat16)": timm ConvNeXt and torchvision ViT-B/16
     on 16 GPUs)."""
     import torch
-    import torch.nn as nn
 
     from autoplan.api import prepare
     from autoplan.planner.search.record import record_layers
 
-    class Tiny(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 8, 4, stride=4)
-            self.head = nn.Linear(8, 4)
+    from user_model import TinyConvClassifier as Tiny
 
-        def forward(self, x, y):
-            return nn.functional.cross_entropy(self.head(self.conv(x).flatten(1)), y)
-
-    batch = (torch.randn(4, 3, 4, 4), torch.randint(0, 4, (4,)))
+    batch = Tiny.example_inputs()
     problem = prepare(Tiny(), "dgx-a100", global_batch=8, example_inputs=batch)
     assert problem.graph.dtype == "bfloat16"
     rec = record_layers(problem.spec, problem.graph, list(range(len(problem.graph.layers))))

@@ -39,3 +39,20 @@ class Regressor(nn.Module):
 
 def build(width: int = 64, depth: int = 3) -> nn.Module:
     return Regressor(width, depth)
+
+
+class TinyConvClassifier(nn.Module):
+    """A strided convolution and a linear head over 4x4 images, 4 classes: the smallest
+    model with a convolution (tests of convolution-specific planning)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 4, stride=4)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.head(self.conv(x).flatten(1)), y)
+
+    @staticmethod
+    def example_inputs(batch_size: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(batch_size, 3, 4, 4), torch.randint(0, 4, (batch_size,))
