@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-engine", action="store_true")
     parser.add_argument("--columns", default=",".join(COLUMNS),
                         help=f"comma-separated columns to measure (default all: "
-                             f"{','.join(COLUMNS)}); with --only the others are kept")
+                             f"{','.join(COLUMNS)}); columns and rows not measured are kept from the results file")
     parser.add_argument("--jobs", type=int, default=1,
                         help="rows measured at once (default 1; the timings are CPU time, "
                              "but a shared machine is better left at 1-2)")
@@ -372,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--columns takes some of {','.join(COLUMNS)}, got {args.columns!r}")
     rows: list[dict] = []
     lock = threading.Lock()
+    # a partial run (some rows, or some columns) merges into the file's rows
+    partial = bool(args.only) or set(columns) != set(COLUMNS)
 
     def one(name: str) -> None:
         row = _measure(name, columns)
@@ -380,11 +382,11 @@ def main(argv: list[str] | None = None) -> int:
             print(_line(row) if "not_installable" not in row else
                   f"{name:24s} not installable here: {row['not_installable']}", flush=True)
             # merging: this row only (another run may have updated the others since)
-            _save([row] if args.only else rows, merge=bool(args.only))
+            _save([row] if partial else rows, merge=partial)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, names))
-    result = _save([] if args.only else rows, merge=bool(args.only))
+    result = _save([] if partial else rows, merge=partial)
     _table(result["rows"], result["targets"])
     return 0
 
@@ -403,7 +405,8 @@ def _measure(name: str, columns: list[str]) -> dict:
 
 
 def _save(rows: list[dict], *, merge: bool) -> dict:
-    """Write the results; a partial run (``--only``) is merged into the file's rows."""
+    """Write the results; a partial run (``--only`` or ``--columns``) is merged into the
+    file's rows."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(Path(tempfile.gettempdir()) / "autoplan-model_zoo.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)   # two runs (--columns) may merge into the file
