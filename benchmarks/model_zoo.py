@@ -349,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-engine", action="store_true")
     parser.add_argument("--columns", default=",".join(COLUMNS),
                         help=f"comma-separated columns to measure (default all: "
-                             f"{','.join(COLUMNS)}); columns and rows not measured are kept from the results file")
+                             f"{','.join(COLUMNS)}); columns and rows not measured are "
+                             "kept from the results file")
     parser.add_argument("--jobs", type=int, default=1,
                         help="rows measured at once (default 1; the timings are CPU time, "
                              "but a shared machine is better left at 1-2)")
