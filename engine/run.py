@@ -47,11 +47,13 @@ table (measured vs predicted), ``checkpoints/``.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import sys
+import traceback
 from dataclasses import MISSING, fields
-from typing import Any, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from autoplan.errors import AutoplanError
 from autoplan.plan import Plan
@@ -222,8 +224,35 @@ def _main(args: dict[str, Any]) -> int:
         return 3
     finally:
         if dist.is_available() and dist.is_initialized():
+            gc.collect()         # drop module/DTensor cycles that still hold the groups' work
             dist.destroy_process_group()
 
 
+def _exit_without_finalizing(run: Callable[[], int]) -> NoReturn:
+    """Run ``run`` and end the process with its status, skipping interpreter finalization.
+
+    Everything the run writes is closed and renamed into place before ``main`` returns
+    (``engine.io.atomic_write_text``, the checkpointer), and the process groups are
+    destroyed in ``_main``. What is left at that point are C++ static and thread-pool
+    destructors (gloo's transport threads among them) that can race the interpreter's
+    teardown and abort a finished rank with SIGABRT ("terminate called without an active
+    exception"; pytorch/pytorch#179291 and #190489 discuss the class). torchrun then kills
+    its peers and the whole run reads as failed. ``os._exit`` after flushing skips that
+    teardown; the exit status and the output are the same.
+    """
+    try:
+        code = run()
+    except SystemExit as exc:             # argparse: --help (0), a usage error (2)
+        code = exc.code if isinstance(exc.code, int) else (exc.code is not None)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    except BaseException:                 # noqa: BLE001 - reported as the interpreter would
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_without_finalizing(main)
