@@ -228,7 +228,7 @@ def _main(args: dict[str, Any]) -> int:
             dist.destroy_process_group()
 
 
-def _exit_without_finalizing(run: Callable[[], int]) -> NoReturn:
+def run_and_exit(run: Callable[[], int]) -> NoReturn:
     """Run ``run`` and end the process with its status, skipping interpreter finalization.
 
     Everything the run writes is closed and renamed into place before ``main`` returns
@@ -255,4 +255,4 @@ def _exit_without_finalizing(run: Callable[[], int]) -> NoReturn:
 
 
 if __name__ == "__main__":
-    _exit_without_finalizing(main)
+    run_and_exit(main)

@@ -244,4 +244,6 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    from engine.run import run_and_exit
+
+    run_and_exit(lambda: _main(sys.argv[1:]))

@@ -95,4 +95,6 @@ def main(mode: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    from engine.run import run_and_exit
+
+    run_and_exit(lambda: main(sys.argv[1], sys.argv[2]) or 0)
