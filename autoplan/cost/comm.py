@@ -262,6 +262,9 @@ class CommModel:
         self.measured = measured
         self.fitted: dict[tuple[str, str], tuple[float, float]] = {}
         self._line_cache: dict[tuple[str, Group], tuple] = {}
+        # time() is pure in its arguments once the model is built; the planners ask the same
+        # (collective, size, group) tens of thousands of times per search
+        self._time_cache: dict[tuple[str, float, Group], float] = {}
         for key, value in (fitted or {}).items():
             collective, level = key
             _check_collective(collective)
@@ -338,6 +341,16 @@ class CommModel:
     # ---- the API the planner calls -------------------------------------------------------
     def time(self, collective: str, nbytes: float, group: Group) -> float:
         """Seconds for ``collective`` on a tensor of ``nbytes`` (full size) over ``group``."""
+        key = (collective, nbytes, group)
+        hit = self._time_cache.get(key)
+        if hit is None:
+            hit = self._time(collective, nbytes, group)
+            if len(self._time_cache) > 1_000_000:
+                self._time_cache.clear()
+            self._time_cache[key] = hit
+        return hit
+
+    def _time(self, collective: str, nbytes: float, group: Group) -> float:
         _check_collective(collective)
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
