@@ -23,9 +23,11 @@ not search (:func:`search_gap`, decided first) and returns the grid's best, sayi
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+import sys
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch.nn as nn
+if TYPE_CHECKING:      # torch is imported to trace, not to resolve a name or reject a problem
+    import torch.nn as nn
 
 from autoplan.cluster import Cluster, load_cluster
 from autoplan.cost.memory import DEFAULT_HEADROOM
@@ -107,6 +109,13 @@ def check_precision(name: str | None, cluster: Cluster) -> str:
     return prec.name
 
 
+def _is_module(obj: Any) -> bool:
+    """``isinstance(obj, torch.nn.Module)`` without importing torch (an object can only be a
+    module once torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
 def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch: int,
             nodes: int | None = None, seq_len: int | None = None,
             precision: str | None = None, check_fits: bool = False,
@@ -120,7 +129,7 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     (:mod:`autoplan.planner.bounds`), without tracing."""
     from autoplan.models.registry import module_spec
 
-    if isinstance(model, nn.Module):
+    if _is_module(model):
         if example_inputs is None:
             raise ConfigError("an nn.Module needs its example_inputs (a tensor or a tuple of "
                               "tensors: model(*example_inputs) returns the loss)",

@@ -12,7 +12,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel)
 
 from autoplan.errors import ConfigError, PlanError
-from autoplan.models.gpt import GPTConfig
+from autoplan.models.gpt_config import GPTConfig
 from autoplan.models.registry import ModelSpec, build_model
 from engine import model as model_lib
 from engine.config import RunConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoplan.models.gpt import GPTConfig
+from autoplan.models.gpt_config import GPTConfig
 from autoplan.models.names import describe, preset_of
 from autoplan.models.registry import resolve
 

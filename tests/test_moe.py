@@ -83,7 +83,7 @@ def test_hf_qwen_moe_capacity_equals_eager():
 
 
 def test_builtin_moe_gpt_counts_and_trains():
-    from autoplan.models.gpt import GPTConfig
+    from autoplan.models.gpt_config import GPTConfig
     from autoplan.models.registry import example_batch
 
     spec = resolve("gpt", vocab_size=128, seq_len=32, hidden=32, layers=2, heads=4,

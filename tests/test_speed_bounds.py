@@ -59,6 +59,24 @@ def test_plan_refuses_before_tracing(monkeypatch):
         prepare("gpt3-175b", "dgx-a100", nodes=1, global_batch=8, check_fits=True)
 
 
+def test_cli_rejects_without_importing_torch(tmp_path):
+    """The rejection needs a preset's closed-form parameter count and the cluster, not
+    torch: ``autoplan plan`` says no in a fraction of a second (benchmarks/plan_speed.py)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom autoplan.cli import main\n"
+            "try:\n    main(['plan', 'llama3-405b', '--cluster', 'dgx-h100', '--nodes', '1', "
+            f"'--global-batch', '1536', '--out', {str(tmp_path / 'p.json')!r}])\n"
+            "except SystemExit as exc:\n    print('exit', exc.code)\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert "model does not fit" in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ["no", "torch"], proc.stdout + proc.stderr[-2000:]
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_search_skipped_when_the_engine_would_drop_its_plan():
     spec = resolve("gpt-tiny", style="llama")
     assert "Llama-style" in search_gap(spec)

@@ -13,7 +13,7 @@ import torch.nn as nn
 from autoplan.errors import ConfigError, TraceError
 from autoplan.graph import OpGraph
 from autoplan.models import build_model, resolve
-from autoplan.models.gpt import GPTConfig
+from autoplan.models.gpt_config import GPTConfig
 from autoplan.trace import trace, trace_module
 
 H, A, S, B = 256, 8, 128, 2

@@ -171,6 +171,6 @@ def gpt_config(plan: Plan):
     model = plan.model or {}
     if model.get("source") != "builtin" or model.get("name") != "gpt":
         return None
-    from autoplan.models.gpt import GPTConfig
+    from autoplan.models.gpt_config import GPTConfig
 
     return GPTConfig.from_dict(model.get("config") or {})

@@ -81,7 +81,7 @@ def _caps(*, tp: bool, pp: bool, why: list[str],
 def capabilities(spec: ModelSpec) -> ModelCapabilities:
     """What the engine can run for ``spec`` (see the module docstring)."""
     if spec.source == "builtin" and spec.name == "gpt":
-        from autoplan.models.gpt import GPTConfig
+        from autoplan.models.gpt_config import GPTConfig
 
         cfg = GPTConfig.from_dict(spec.config)
         tied = cfg.tie_embeddings

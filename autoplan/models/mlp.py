@@ -119,9 +119,3 @@ def example_batch(config: dict, batch_size: int, seq_len: int | None, device: to
 
 def seq_len(config: dict) -> None:
     return None
-
-
-PRESETS: dict[str, dict] = {
-    "mlp-tiny": dict(in_dim=32, hidden=64, out_dim=4, depth=2),
-    "mlp-mnist": dict(in_dim=784, hidden=1024, out_dim=10, depth=4),
-}

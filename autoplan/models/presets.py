@@ -104,7 +104,26 @@ _MOE = {
 }
 
 
+# The small MLP family (autoplan.models.mlp)
+MLP_PRESETS: dict[str, dict] = {
+    "mlp-tiny": dict(in_dim=32, hidden=64, out_dim=4, depth=2),
+    "mlp-mnist": dict(in_dim=784, hidden=1024, out_dim=10, depth=4),
+}
+
+# Wide ResNets (autoplan.models.wide_resnet; Zagoruyko & Komodakis 2016): CIFAR-size networks from the paper (Table 2 / 4); 32x32 images, 10 classes.
+WIDE_RESNET_PRESETS: dict[str, dict] = {
+    "wrn-16-4": dict(depth=16, width=4),
+    "wrn-16-8": dict(depth=16, width=8),
+    "wrn-28-10": dict(depth=28, width=10),
+    "wrn-40-4": dict(depth=40, width=4),
+}
+
+
 def register_all() -> None:
+    for name, config in MLP_PRESETS.items():
+        register_preset(name, "mlp", config)
+    for name, config in WIDE_RESNET_PRESETS.items():
+        register_preset(name, "wide-resnet", config)
     # A model small enough to train on this machine's CPU in seconds (the demo's default).
     register_preset("gpt-tiny", "gpt", dict(vocab_size=512, seq_len=64, hidden=64, layers=4,
                                             heads=4, attention="sdpa"))

@@ -22,10 +22,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-import torch.nn as nn
+if TYPE_CHECKING:          # torch is imported where a model is built, not to resolve a name
+    import torch
+    import torch.nn as nn
 
 from autoplan.errors import ConfigError, UnknownNameError
 
@@ -220,6 +221,8 @@ def source_of(name: str) -> str:
 def build_model(spec: ModelSpec, *, device: str | torch.device = "meta",
                 dtype: torch.dtype | None = None) -> nn.Module:
     """Build the model on ``device`` (meta by default: no weight memory)."""
+    import torch
+
     _load_builtins()
     with torch.device(device):
         if spec.source == "builtin":
@@ -245,6 +248,8 @@ def example_batch(spec: ModelSpec, batch_size: int, seq_len: int | None = None,
                   device: str | torch.device = "meta", *, seed: int = 0) -> tuple:
     """Forward args of one training micro-batch (inputs and targets): ``model(*batch)``
     returns the scalar loss. Random but deterministic for a given ``seed``."""
+    import torch
+
     _load_builtins()
     device = torch.device(device)
     if spec.source == "builtin":
@@ -289,6 +294,9 @@ def module_spec(module: nn.Module, example_inputs: Any) -> ModuleSpec:
     ``module(*example_inputs)`` returns the scalar training loss. The inputs' dim 0 is the
     batch: :func:`example_batch` resizes every input whose dim 0 equals the first input's to
     the batch asked for (batch-first inputs, as :mod:`autoplan.cost.batch_scale` assumes)."""
+    import torch
+    import torch.nn as nn
+
     from autoplan.trace.tracer import module_fingerprint
 
     if not isinstance(module, nn.Module):
@@ -311,6 +319,9 @@ def module_spec(module: nn.Module, example_inputs: Any) -> ModuleSpec:
 def _module_copy(spec: ModelSpec, device: torch.device) -> nn.Module:
     """A copy of the spec's live module: on the meta device its parameters and buffers are
     new empty meta tensors (no weight is copied; the user's module is never changed)."""
+    import torch
+    import torch.nn as nn
+
     import copy
 
     module = getattr(spec, "module", None)
@@ -332,6 +343,8 @@ def _module_copy(spec: ModelSpec, device: torch.device) -> nn.Module:
 def _module_batch(spec: ModelSpec, batch_size: int, device: torch.device,
                   seed: int) -> tuple:
     """The module's example inputs with dim 0 resized to ``batch_size`` (module_spec)."""
+    import torch
+
     live = getattr(spec, "inputs", ())
     shapes = [(tuple(t.shape), t.dtype) for t in live] or [
         (tuple(shape), getattr(torch, dtype)) for shape, dtype in spec.config.get("inputs", [])]
@@ -366,6 +379,8 @@ def _build_import(spec: ModelSpec) -> nn.Module:
     named, or with the opt-in of :mod:`autoplan.trust` (the gate every re-build passes).
     Whatever the import or the factory raises (``sys.exit`` included) is a one-line
     ConfigError naming the import path."""
+    import torch.nn as nn
+
     import importlib
 
     from autoplan.trust import trust_enabled, untrusted_code_message
@@ -430,14 +445,15 @@ def _guarded(what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
 # ---- built-in families ----------------------------------------------------------------------
 
 def _gpt_build(config: dict) -> nn.Module:
-    from autoplan.models.gpt import GPT, GPTConfig
+    from autoplan.models.gpt import GPT
+    from autoplan.models.gpt_config import GPTConfig
 
     return GPT(GPTConfig.from_dict(config))
 
 
 def _gpt_batch(config: dict, batch_size: int, seq_len: int | None, device: torch.device,
                seed: int = 0) -> tuple:
-    from autoplan.models.gpt import GPTConfig
+    from autoplan.models.gpt_config import GPTConfig
 
     cfg = GPTConfig.from_dict(config)
     s = seq_len or cfg.seq_len
@@ -449,6 +465,8 @@ def _gpt_batch(config: dict, batch_size: int, seq_len: int | None, device: torch
 
 def _token_batch(vocab: int, batch_size: int, seq_len: int, device: torch.device,
                  seed: int = 0) -> tuple:
+    import torch
+
     if device.type == "meta":
         tokens = torch.empty(batch_size, seq_len + 1, dtype=torch.long, device=device)
     else:
@@ -458,7 +476,7 @@ def _token_batch(vocab: int, batch_size: int, seq_len: int, device: torch.device
 
 
 def _gpt_seq_len(config: dict) -> int:
-    from autoplan.models.gpt import GPTConfig
+    from autoplan.models.gpt_config import GPTConfig
 
     return GPTConfig.from_dict(config).seq_len
 
@@ -474,11 +492,20 @@ def _load_builtins() -> None:
         return
     _LOADED = True
     register_family("gpt", BuiltinFamily(_gpt_build, _gpt_batch, _gpt_seq_len))
-    from autoplan.models import mlp, presets, wide_resnet
+    for family, module in (("mlp", "mlp"), ("wide-resnet", "wide_resnet")):
+        register_family(family, _lazy_family(f"autoplan.models.{module}"))
+    from autoplan.models import presets
 
-    for family, module in (("mlp", mlp), ("wide-resnet", wide_resnet)):
-        register_family(family, BuiltinFamily(module.build, module.example_batch,
-                                              module.seq_len))
-        for preset, config in module.PRESETS.items():
-            register_preset(preset, family, config)
     presets.register_all()
+
+
+def _lazy_family(module: str) -> BuiltinFamily:
+    """The family whose ``build`` / ``example_batch`` / ``seq_len`` live in ``module``,
+    imported (with torch) when first called, not to resolve a name."""
+    import importlib
+
+    def call(attr: str) -> Callable:
+        return lambda *args, **kwargs: getattr(importlib.import_module(module), attr)(
+            *args, **kwargs)
+
+    return BuiltinFamily(call("build"), call("example_batch"), call("seq_len"))

@@ -159,12 +159,3 @@ def example_batch(config: dict, batch_size: int, seq_len: int | None, device: to
 
 def seq_len(config: dict) -> None:
     return None
-
-
-# CIFAR-size networks from the paper (Table 2 / 4); 32x32 images, 10 classes.
-PRESETS: dict[str, dict] = {
-    "wrn-16-4": dict(depth=16, width=4),
-    "wrn-16-8": dict(depth=16, width=8),
-    "wrn-28-10": dict(depth=28, width=10),
-    "wrn-40-4": dict(depth=40, width=4),
-}

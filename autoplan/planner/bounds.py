@@ -29,7 +29,7 @@ def parameter_counts(spec) -> tuple[int, int]:
     the model built on the meta device (no weight memory; a parameter shared by two modules
     counts once)."""
     if spec.source == "builtin" and spec.name == "gpt":
-        from autoplan.models.gpt import GPTConfig
+        from autoplan.models.gpt_config import GPTConfig
 
         n = GPTConfig.from_dict(spec.config).num_params()
         return n, n

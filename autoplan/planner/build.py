@@ -12,8 +12,6 @@ Blocks are split as evenly as possible over the chunks (earlier chunks take the 
 
 from __future__ import annotations
 
-import torch
-
 import autoplan
 from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec
@@ -104,7 +102,7 @@ def build_plan(graph: OpGraph, spec: ModelSpec, cluster, parallel: ParallelConfi
         prediction=prediction,
         alternatives=alternatives or [],
         planner=planner or {"name": "manual"},
-        created_by={"autoplan": autoplan.__version__, "torch": torch.__version__.split("+")[0]},
+        created_by={"autoplan": autoplan.__version__, "torch": _torch_version()},
     )
     plan.validate()
     return plan
@@ -120,3 +118,10 @@ def _device_name(cluster_dict: dict) -> str:
     if isinstance(device, dict):
         return str(device.get("name", "")).lower()
     return str(device).lower()
+
+
+def _torch_version() -> str:
+    """torch's release (without the local ``+cpu`` / ``+cu128`` tag); imported on use."""
+    import torch
+
+    return torch.__version__.split("+")[0]

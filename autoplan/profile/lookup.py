@@ -32,12 +32,14 @@ import math
 import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from autoplan.graph import OpNode
-from autoplan.profile.replay import Call, ReplayError, count_flops, sharded_call
 from autoplan.profile.signature import Signature, shard_candidates, tp_degree
 from autoplan.profile.store import OpEntry, OpProfile
+
+if TYPE_CHECKING:          # replaying ops needs torch; reading a profile does not
+    from autoplan.profile.replay import Call
 
 Source = Literal["exact", "interpolated", "roofline"]
 
@@ -117,6 +119,8 @@ class OpTimeTable:
             return Lookup(entry.fwd_s, entry.bwd_s, "exact", sig.key, (sig.key,))
         use_flops = all(e.flops > 0 for e in group)
         if use_flops:
+            from autoplan.profile.replay import count_flops
+
             flops = count_flops(call, sig) if call is not None else node.fwd_flops / t
             use_flops = flops > 0
         x = flops if use_flops else float(sig.bytes)
@@ -136,6 +140,8 @@ class OpTimeTable:
         sig = self._signature(node)
         memo = (sig.key, node.tp_role, t)
         if memo not in self._resolved:
+            from autoplan.profile.replay import ReplayError, sharded_call
+
             try:
                 self._resolved[memo] = sharded_call(sig, node.tp_role, t)
             except ReplayError:
