@@ -156,7 +156,7 @@ def _spec_cfg(spec) -> dict:
 
 
 def _params(spec) -> float:
-    from autoplan.models.gpt import GPTConfig
+    from autoplan.models.gpt_config import GPTConfig
 
     fields = set(GPTConfig.__dataclass_fields__)
     return GPTConfig(**{k: v for k, v in spec.config.items() if k in fields}).num_params()

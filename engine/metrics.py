@@ -33,7 +33,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from autoplan.models.gpt import GPTConfig
+from autoplan.models.gpt_config import GPTConfig
 
 
 def flops_per_token(*, matmul_params: int, layers: int, attention_width: int,

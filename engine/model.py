@@ -79,7 +79,7 @@ def check_supported(spec: ModelSpec) -> None:
 def model_info(spec: ModelSpec) -> ModelInfo:
     check_supported(spec)
     if spec.source == "builtin":
-        from autoplan.models.gpt import GPTConfig
+        from autoplan.models.gpt_config import GPTConfig
         from engine.metrics import gpt_matmul_params
 
         cfg = GPTConfig.from_dict(spec.config)
