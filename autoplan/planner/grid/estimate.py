@@ -160,8 +160,7 @@ class Estimator:
     # Mesh (pp, dp, cp, tp), row-major: tp innermost, then the cp ranks sharing a sequence,
     # then data parallelism (the expert-parallel group is ep consecutive dp ranks).
     def _axis_group(self, size: int, stride: int) -> Group:
-        per_node = max(1, self.cluster.devices_per_node // stride)
-        return Group(size=size, ranks_per_node=min(size, per_node))
+        return _axis_group(size, max(1, self.cluster.devices_per_node // stride))
 
     def tp_group(self, p: ParallelConfig) -> Group:
         return self._axis_group(p.tp, 1)
@@ -524,3 +523,10 @@ def fits(pred: Prediction) -> bool:
 def divisors(n: int) -> list[int]:
     out = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
     return sorted(set(out + [n // d for d in out]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _axis_group(size: int, per_node: int) -> Group:
+    """The group of ``size`` ranks, ``per_node`` of a node's devices on this axis (a pure
+    function, cached: the grid asks for the same few groups tens of thousands of times)."""
+    return Group(size=size, ranks_per_node=min(size, per_node))
