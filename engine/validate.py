@@ -166,6 +166,11 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
         if wanted and not allowed:
             raise PlanError(f"plan {source}: field 'parallel' asks for {what}, which the "
                             f"engine cannot run for model {spec.name!r}: {caps.reason}")
+    if p.pp > 1 and p.schedule == "1f1b" and p.num_micro_batches < p.pp:
+        # torch.distributed.pipelining.Schedule1F1B refuses fewer micro-batches than stages
+        raise PlanError(f"plan {source}: field 'parallel.num_micro_batches': 1F1B needs at "
+                        f"least pp={p.pp} micro-batches, got {p.num_micro_batches} (with "
+                        f"fewer, 1F1B is GPipe: use schedule 'gpipe')")
     for key in ("params", "compute", "reduce"):
         value = plan.precision.get(key, "float32")
         if value not in SUPPORTED_DTYPES:

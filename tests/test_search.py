@@ -332,6 +332,30 @@ def test_pipeline_stages_across_nodes_when_the_inter_node_link_is_slow():
         assert uniform.predict(p).step_time_s > 2 * result.prediction.step_time_s
 
 
+def test_fewer_micro_batches_than_stages_is_written_as_gpipe():
+    """One sample, two stages (the model needs both devices): 1F1B with fewer micro-batches
+    than stages keeps every micro-batch in flight, as GPipe does, and torch's Schedule1F1B
+    refuses it; the search writes such pipelines as GPipe, and the engine refuses 1F1B
+    there with the field named."""
+    from autoplan.errors import PlanError
+    from engine.validate import check_engine_support
+
+    spec = resolve("gpt", vocab_size=1024, hidden=2048, layers=12, heads=16, seq_len=256)
+    problem = prepare(spec, _two_nodes_slow_link(), global_batch=1)
+    result = search(problem.spec, problem.graph, problem.cluster, global_batch=1)
+    for c in result.ranked:
+        if len(c.choice.stages) > c.choice.num_micro_batches:
+            assert c.choice.schedule == "gpipe", c.choice
+    plan = _plan(result, problem)
+    assert len(plan.stages) == 2 and plan.parallel.num_micro_batches == 1
+    assert plan.parallel.schedule == "gpipe"
+    bad = dataclasses.replace(plan, parallel=dataclasses.replace(plan.parallel,
+                                                                 schedule="1f1b"))
+    with pytest.raises(PlanError, match="'parallel.num_micro_batches': 1F1B needs at least "
+                                        "pp=2 micro-batches, got 1"):
+        check_engine_support(bad, spec, "p.json")
+
+
 # ---- against the uniform planner --------------------------------------------------------------
 
 SC21 = [("gpt-1.7b", 4, 512), ("gpt-3.6b", 8, 512), ("gpt-7.5b", 16, 512),

@@ -244,7 +244,10 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
                 mi = int(rt.mesh[p.position, p.start, p.end])
                 stages.append(_stage(ms, rt.meshes[mi], rt.combos[ci], rt.choice[(mi, ci)],
                                      tables, units[p.start], units[p.end]))
-            candidates.append(Candidate(PipelineChoice(tuple(stages), mb, m, "1f1b", 1),
+            # with fewer micro-batches than stages 1F1B keeps every micro-batch in flight,
+            # as GPipe does, and torch's Schedule1F1B refuses it: write it as GPipe
+            schedule = "1f1b" if len(stages) <= m else "gpipe"
+            candidates.append(Candidate(PipelineChoice(tuple(stages), mb, m, schedule, 1),
                                         res.latency, "stage DP"))
         # balanced pipelines, every schedule
         for pp in divisors(v_units):
