@@ -41,11 +41,12 @@ def test_unmeasured_op_is_roofline_without_a_replay(monkeypatch, t):
     convolution signature and TP degree), which kept ResNet-50 on 2 CPU ranks planning for
     over 15 minutes."""
     import autoplan.profile.lookup as lookup
+    import autoplan.profile.replay as replay
 
     def no_replay(*args, **kwargs):
         raise AssertionError("replayed an op the profile never measured")
 
-    monkeypatch.setattr(lookup, "sharded_call", no_replay)
+    monkeypatch.setattr(replay, "sharded_call", no_replay)      # lookup imports it on use
     table = lookup.OpTimeTable(_mm_profile())
     found = table.explain(CONV, t)
     assert (found.fwd_s, found.bwd_s, found.source) == (None, None, "roofline")
