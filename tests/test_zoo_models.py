@@ -92,6 +92,24 @@ def test_hf_default_sequence_length_is_a_training_length():
         example_batch(resolve("hf:vit", **SMALL["vit"]), 1, 16)
 
 
+def test_roberta_positions_start_past_the_padding_index():
+    """RoBERTa-style models number positions from pad_token_id + 1 into a table of
+    max_position_embeddings rows: the longest sequence is 2 shorter (a 66-row table takes
+    64 tokens). Planned at 66, the engine's real forward failed with 'index 66 is out of
+    bounds' (benchmarks/model_zoo.py's roberta row); BERT keeps its whole table."""
+    cfg = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
+               intermediate_size=64, vocab_size=128, max_position_embeddings=66,
+               pad_token_id=1)
+    roberta = resolve("hf:roberta", **cfg)
+    assert hf.max_seq_len(roberta) == default_seq_len(roberta) == 64
+    model = build_model(roberta, device="cpu")
+    assert model(*example_batch(roberta, 2, 64, device="cpu")).isfinite()   # the longest runs
+    with pytest.raises(ConfigError, match="maximum of 64 positions"):
+        example_batch(roberta, 2, 65, device="cpu")
+    assert hf.max_seq_len(resolve("hf:xlm-roberta", **cfg)) == 64
+    assert hf.max_seq_len(resolve("hf:bert", **cfg)) == 66
+
+
 def test_hf_config_problems_are_config_errors():
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         resolve("hf:llama", num_attention_heads=4, num_key_value_heads=8)

@@ -33,6 +33,7 @@ keeps a 2·b·s² byte attention bias — small next to the 5·a·s/h·sbh of ea
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -378,15 +379,49 @@ def build(spec: ModelSpec) -> nn.Module:
 
 def max_seq_len(spec: ModelSpec) -> int | None:
     """The longest sequence the model's positions allow (None: no limit in the config —
-    ALiBi, relative position buckets — or no sequence at all)."""
+    ALiBi, relative position buckets — or no sequence at all).
+
+    RoBERTa and its kin number positions from ``pad_token_id + 1`` into a learned table of
+    ``max_position_embeddings`` rows (transformers' ``create_position_ids_from_input_ids``:
+    "position numbers begin at padding_idx+1"), so they take ``max_position_embeddings -
+    pad_token_id - 1`` tokens: 514 - 2 = 512 for RoBERTa-base."""
     if task_of(spec) == "image-classification":
         return None
     config = hf_config(spec)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         value = getattr(config, key, None)
         if isinstance(value, int) and value > 0:
+            pad = getattr(config, "pad_token_id", None)
+            if key == "max_position_embeddings" and isinstance(pad, int) and pad >= 0 \
+                    and _positions_after_padding(config.model_type):
+                return max(value - pad - 1, 0) or None
             return value
     return None
+
+
+#: a learned position table of max_position_embeddings rows with a padding row
+_PADDED_POSITIONS = re.compile(r"position_embeddings\s*=\s*nn\.Embedding\(\s*"
+                               r"config\.max_position_embeddings\s*,[^)]*padding_idx", re.S)
+
+
+@functools.lru_cache(maxsize=None)
+def _positions_after_padding(model_type: str) -> bool:
+    """Does ``model_type``'s modelling code offset positions past the padding index into a
+    learned table (``max_seq_len``'s docstring)? Read from its source, as
+    :func:`_modeling_reads` does; False when the source cannot be read."""
+    import importlib
+    import inspect
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    name = model_type_to_module_name(model_type)
+    try:
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        source = inspect.getsource(module)
+    except (ImportError, OSError, TypeError):
+        return False
+    return "create_position_ids_from_input_ids" in source and \
+        _PADDED_POSITIONS.search(source) is not None
 
 
 def default_seq_len(spec: ModelSpec) -> int | None:
