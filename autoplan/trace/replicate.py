@@ -272,3 +272,34 @@ def _replicate_params(params: dict[str, ParamInfo], paths: _Paths, L: int
         name = paths.renamer(2, L - 1)(p.name) if b == 2 else p.name
         out[name] = dataclasses.replace(p, name=name, layer=layer_map[p.layer])
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ShortRun:
+    """How the 3-block model of a replicated spec lines up with its full graph."""
+
+    spec: Any                           # the 3-block spec
+    runs: list[int]                     # graph layers its ops are: <pre>, 0, 1, L-1, <post>
+    exact: list[int]                    # of which those whose reads are the graph's too
+    rename: Callable[[str], str]        # its parameter FQNs -> the graph's (block 2 is L-1)
+
+
+def traced_layers(spec: Any, graph: OpGraph) -> ShortRun | None:
+    """How the 3-block model of ``spec`` lines up with ``graph`` (its full trace, replicated
+    or not), or None when ``spec`` is not replicated or ``graph`` is not laid out as its
+    trace. Its ops are those of the graph's ``<pre>``, blocks 0, 1 and L-1 and ``<post>``,
+    with the same arguments, except that block L-1 reads block 1 there, block L-2 here: so
+    every layer but block L-1 is ``exact``."""
+    small = truncated_spec(spec)
+    if small is None or len(graph.layers) != small[1] + 2:
+        return None
+    L = small[1]
+    prefix = graph.layers[1].name.rpartition(".")[0]
+    if [graph.layers[i].name for i in (1, 2, L)] != [f"{prefix}.{b}" for b in (0, 1, L - 1)]:
+        return None
+    paths = _Paths(prefix)
+    to_last = paths.renamer(2, L - 1)
+
+    def rename(fqn: str) -> str:
+        return to_last(fqn) if paths.block(fqn) == 2 else fqn
+    return ShortRun(small[0], [0, 1, 2, L, L + 1], [0, 1, 2, L + 1], rename)
