@@ -74,7 +74,7 @@ def test_replicated_graph_equals_the_full_trace(name):
 
 
 def spec_params(spec) -> int:
-    from autoplan.models.gpt import GPTConfig
+    from autoplan.models.gpt_config import GPTConfig
 
     return GPTConfig.from_dict(spec.config).num_params()
 

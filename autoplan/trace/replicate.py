@@ -65,7 +65,7 @@ class NotReplicable(Exception):
 def truncated_spec(spec: Any, blocks: int = TRACED_BLOCKS) -> tuple[Any, int] | None:
     """(the spec with ``blocks`` blocks, the full spec's block count L), or None when
     ``spec`` is not replicated: not a built-in GPT, or L <= ``blocks``."""
-    from autoplan.models.gpt import GPTConfig
+    from autoplan.models.gpt_config import GPTConfig
     from autoplan.models.registry import ModelSpec
 
     if type(spec) is not ModelSpec or spec.source != "builtin" or spec.name != "gpt":
