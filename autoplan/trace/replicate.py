@@ -95,7 +95,11 @@ def trace_replicated(spec: Any, batch_size: int, seq_len: int | None = None, *,
     try:
         full = replicate(graph, small[1], model_name=spec.name,
                          fingerprint=spec.fingerprint())
-    except NotReplicable:
+    except NotReplicable as exc:
+        import logging
+
+        logging.getLogger(__name__).info("tracing all %d blocks of %s: %s", small[1],
+                                         spec.name, exc)
         return trace(spec, batch_size, seq_len, dtype=dtype)
     full.trace_seconds = time.perf_counter() - t0
     return full
