@@ -149,21 +149,31 @@ class _Paths:
     def __init__(self, prefix: str):
         self.pattern = re.compile(rf"^{re.escape(prefix)}\.(\d+)(?=\.|$)")
         self.prefix = prefix
+        self._split: dict[str, tuple[int | None, str]] = {}
+
+    def split(self, path: str) -> tuple[int | None, str]:
+        """(block index, the rest of ``path`` after ``<prefix>.<index>``), or (None, path)
+        for a path outside the blocks (memoised: every copy of a block renames the same)."""
+        hit = self._split.get(path)
+        if hit is None:
+            m = self.pattern.match(path)
+            hit = (int(m.group(1)), path[m.end():]) if m else (None, path)
+            self._split[path] = hit
+        return hit
 
     def block(self, path: str) -> int | None:
-        m = self.pattern.match(path)
-        return int(m.group(1)) if m else None
+        return self.split(path)[0]
 
     def renamer(self, src: int | None, dst: int | None) -> Callable[[str], str]:
         """Rename paths under block ``src`` to block ``dst``; a path under any other block
         is a NotReplicable (a block reading another block's parameters)."""
         def rename(path: str) -> str:
-            b = self.block(path)
+            b, rest = self.split(path)
             if b != src and b is not None:
                 raise NotReplicable(f"{path} is read outside its block")
             if b is None or src == dst:
                 return path
-            return f"{self.prefix}.{dst}" + path[self.pattern.match(path).end():]
+            return f"{self.prefix}.{dst}{rest}"
         return rename
 
 
