@@ -55,6 +55,12 @@ def _differences(full: OpGraph, built: OpGraph) -> list[str]:
     return out
 
 
+def _closed_form_params(spec) -> int:
+    from autoplan.models.gpt_config import GPTConfig
+
+    return GPTConfig.from_dict(spec.config).num_params()
+
+
 def _replicated(spec, batch: int, seq: int, dtype) -> OpGraph:
     """The replicated graph, never the fallback (a NotReplicable fails the test)."""
     small, layers = rep.truncated_spec(spec)
@@ -70,13 +76,7 @@ def test_replicated_graph_equals_the_full_trace(name):
     built = _replicated(spec, 2, 64, torch.float16)
     assert _differences(full, built) == []
     assert len(built.layers) == SPECS[name]["layers"] + 2
-    assert built.num_params == full.num_params == spec_params(spec)
-
-
-def spec_params(spec) -> int:
-    from autoplan.models.gpt_config import GPTConfig
-
-    return GPTConfig.from_dict(spec.config).num_params()
+    assert built.num_params == full.num_params == _closed_form_params(spec)
 
 
 def test_trace_replicated_of_a_preset_equals_its_full_trace_at_fp32_batch_1():
@@ -142,7 +142,8 @@ def test_recording_the_last_block_runs_the_whole_model():
 
 
 def test_plan_is_the_same_with_and_without_replication(monkeypatch):
-    """The search planner (probe mesh on the fake process group) end to end."""
+    """End to end through the search planner (it probes DTensor on a fake 2 x 2 mesh, in
+    this one process): trace and recording both replicated, or both whole."""
     from autoplan.api import optimize
 
     spec = resolve("gpt", **dict(SMALL, layers=6))
