@@ -105,6 +105,16 @@ def test_a_graph_not_laid_out_as_three_blocks_is_not_replicable():
         rep.replicate(trace(spec, 1, 64), 8, model_name="x", fingerprint="y")
 
 
+def test_a_failed_check_falls_back_to_the_whole_trace(monkeypatch):
+    spec = resolve("gpt", **dict(SMALL, layers=5))
+
+    def refuse(*args, **kwargs):
+        raise rep.NotReplicable("refused by the test")
+
+    monkeypatch.setattr(rep, "replicate", refuse)
+    assert _differences(trace(spec, 1, 64), rep.trace_replicated(spec, 1, 64)) == []
+
+
 def test_a_block_reading_another_blocks_parameter_is_not_replicable():
     """Cross-check of the guard: make block 1 read block 0's weight (weight sharing)."""
     spec = resolve("gpt", **dict(SMALL, layers=3))
