@@ -14,7 +14,7 @@ Targets: the replicated graph equals the whole trace (every node field, layer, p
 total), and the 3-block recording equals the whole-model one — for every model measured;
 and each of the two 3-block paths costs less CPU than the whole-model path it replaces.
 
-    python benchmarks/trace_replicate.py [--repeats 3]     # gpt-39b, gpt3-175b, llama3-405b
+    python benchmarks/trace_replicate.py [--repeats 3]     # gpt-39b, gpt3-175b, gpt-1t, llama3-405b
     python benchmarks/trace_replicate.py --quick           # small models, one repeat
 """
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import print_table, target, write_results  # noqa: E402
 
-MODELS = ["gpt-39b", "gpt3-175b", "llama3-405b"]
+MODELS = ["gpt-39b", "gpt3-175b", "gpt-1t", "llama3-405b"]
 QUICK_MODELS = [("gpt-tiny", {"layers": 8}), ("gpt-small", {})]
 
 
