@@ -171,14 +171,15 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
 def _trace_smallest_batch(spec: ModelSpec, seq_len: int | None, dtype) -> OpGraph:
     """The trace at micro-batch 1, or 2, 4, ... up to 16 while BatchNorm refuses the batch
     (training-mode BatchNorm needs more than one value per channel: a 1x1 feature map at
-    batch 1); the planners scale from the traced batch ``b0``."""
+    batch 1); the planners scale from the traced batch ``b0``. A deep stack of equal blocks
+    is traced with three and replicated (:mod:`autoplan.trace.replicate`)."""
     from autoplan.errors import TraceError
-    from autoplan.trace import trace
+    from autoplan.trace.replicate import trace_replicated
 
     batch = 1
     while True:
         try:
-            return trace(spec, batch, seq_len, dtype=dtype)
+            return trace_replicated(spec, batch, seq_len, dtype=dtype)
         except (TraceError, ValueError) as exc:
             if "more than 1 value per channel" not in str(exc) or batch >= 16:
                 raise

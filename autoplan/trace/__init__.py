@@ -6,7 +6,8 @@
 See :mod:`autoplan.trace.tracer` for the steps and one module per concern: ``capture``
 (dispatch-level recording of forward and backward), ``cuda_semantics`` (dropout and SDPA as
 on a GPU), ``flops``, ``dataflow``, ``layers`` (repeated-block detection), ``roles``
-(tensor-parallel roles), ``saved`` (activation memory), ``stats`` (per-layer aggregates).
+(tensor-parallel roles), ``saved`` (activation memory), ``stats`` (per-layer aggregates),
+``replicate`` (a deep built-in GPT's graph from a 3-block trace: what ``prepare`` uses).
 """
 
 import sys

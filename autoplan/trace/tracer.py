@@ -120,6 +120,13 @@ def _mark_experts(model: nn.Module, params: dict[str, ParamInfo], batch: BatchSp
     return a2a
 
 
+def graph_dtype(params: dict[str, ParamInfo]) -> str:
+    """The graph's dtype: the most common floating dtype among its parameters (float32 when
+    it has none)."""
+    floats = Counter(p.dtype for p in params.values() if p.dtype.startswith(("float", "bfloat")))
+    return floats.most_common(1)[0][0] if floats else "float32"
+
+
 def _graph_from_capture(model: nn.Module, cap: Capture, *, model_name: str, fingerprint: str,
                         seq_len: int | None) -> OpGraph:
     ops = cap.ops
@@ -162,10 +169,8 @@ def _graph_from_capture(model: nn.Module, cap: Capture, *, model_name: str, fing
                   layer_stats(k, ops, span.start, span.stop, flow, roles, plist, saved,
                               entering[k], leaving[k]), moe_a2a_bytes=a2a[k]))
         for k, span in enumerate(spans)]
-    float_dtypes = Counter(p.dtype for p in plist if p.dtype.startswith(("float", "bfloat")))
     return OpGraph(model_name=model_name, fingerprint=fingerprint, batch=batch, nodes=nodes,
-                   params=params, layers=layers,
-                   dtype=float_dtypes.most_common(1)[0][0] if float_dtypes else "float32")
+                   params=params, layers=layers, dtype=graph_dtype(params))
 
 
 def trace_module(model: nn.Module, batch: tuple | None = None, *,

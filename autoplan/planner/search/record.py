@@ -14,6 +14,13 @@ be sharded, so data parallelism would never propagate through a ``view``. Compar
 recorded shapes with the traced ones also tells which dimensions scale with the batch
 (``batch_dims``), which the planner needs to check divisibility at any micro-batch.
 
+A deep built-in GPT is re-run with three blocks (the first, the second, the last), which
+run exactly the ops of the graph's ``<pre>``, blocks 0, 1 and L-1 and ``<post>``
+(:mod:`autoplan.trace.replicate`), with the same arguments but for block L-1's reads of its
+predecessor; ``<pre>``, blocks 0 and 1 and ``<post>`` are all the layers the planner asks
+for (one per kind and the first of each pair of consecutive kinds), so the re-run and the
+alignment cost three blocks, not L. Other requests run the whole model.
+
 The recorded op sequence is aligned with the traced one by op name (:func:`align`); a few
 ops may differ (a reshape that copies at one batch size views at another), and those traced
 ops are reported in ``Recording.unmatched`` and planned replicated. If less than 90% match,
@@ -118,14 +125,23 @@ class _ArgRecorder(TorchDispatchMode):
 
 
 def record_layers(spec, graph: OpGraph, layers: list[int], *,
-                  probe_batch: int = PROBE_BATCH) -> Recording:
+                  probe_batch: int = PROBE_BATCH, truncate: bool = True) -> Recording:
     """Run ``spec``'s forward at ``probe_batch`` on fake tensors and keep the ops of
-    ``layers`` (graph layer indices) with their arguments (module docstring)."""
+    ``layers`` (graph layer indices) with their arguments (module docstring). A deep
+    built-in GPT whose wanted layers are among ``<pre>``, blocks 0 and 1 and ``<post>`` runs
+    with three blocks instead (:func:`autoplan.trace.replicate.traced_layers`): those
+    layers' ops and arguments are the same, and the alignment covers three blocks, not L
+    (``truncate=False`` runs the whole model regardless)."""
     from autoplan.models import build_model, example_batch
+    from autoplan.trace.replicate import traced_layers
 
+    short = traced_layers(spec, graph) if truncate else None
+    if short is not None and not set(layers) <= set(short.exact):
+        short = None
+    run_spec, rename = (short.spec, short.rename) if short is not None else (spec, lambda n: n)
     dtype = getattr(torch, graph.dtype, torch.float32)
-    model = build_model(spec, device="meta", dtype=dtype)
-    batch = example_batch(spec, probe_batch, graph.batch.seq_len, device="meta")
+    model = build_model(run_spec, device="meta", dtype=dtype)
+    batch = example_batch(run_spec, probe_batch, graph.batch.seq_len, device="meta")
     # float inputs (pixels, embeddings) in the compute dtype, as the tracer traced them
     batch = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                   for t in batch)
@@ -138,9 +154,9 @@ def record_layers(spec, graph: OpGraph, layers: list[int], *,
     for i, t in enumerate(t for t in pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)):
         owners.setdefault(storage_key(t), ("input", i))
     for fqn, p in params.items():
-        owners.setdefault(storage_key(p), ("param", fqn))
+        owners.setdefault(storage_key(p), ("param", rename(fqn)))
     for fqn, b in buffers.items():
-        owners.setdefault(storage_key(b), ("buffer", fqn))
+        owners.setdefault(storage_key(b), ("buffer", rename(fqn)))
     rec = _ArgRecorder(owners)
     model.train()
     # saved-tensor hooks as in the tracer: autograd then saves outputs without a detach op
@@ -149,11 +165,16 @@ def record_layers(spec, graph: OpGraph, layers: list[int], *,
         functional_call(model, {**params, **buffers}, batch)
 
     names = list(graph.nodes)
-    match, through = align([str(c[0]) for c in rec.calls], [graph.nodes[n].op for n in names])
-    if len(match) < 0.9 * len(names):
+    index_of = {name: i for i, name in enumerate(names)}
+    run = list(range(len(names))) if short is None else \
+        [index_of[n] for l in short.runs for n in graph.layers[l].nodes]
+    match, through = align([str(c[0]) for c in rec.calls],
+                           [graph.nodes[names[g]].op for g in run])
+    if len(match) < 0.9 * len(run):
         raise PlanError(f"re-running {spec.name} at batch {probe_batch} matched only "
-                        f"{len(match)} of the {len(names)} traced ops; the model's op "
+                        f"{len(match)} of the {len(run)} traced ops; the model's op "
                         "sequence depends on the batch size too much to plan its sharding")
+    match = {c: run[q] for c, q in match.items()}
     graph_to_call = {g: c for c, g in match.items()}
     is_ref = lambda x: isinstance(x, TensorRef)   # noqa: E731
 
@@ -174,7 +195,6 @@ def record_layers(spec, graph: OpGraph, layers: list[int], *,
 
     out: dict[int, list[RecordedOp]] = {}
     unmatched: dict[int, list[str]] = {}
-    index_of = {name: i for i, name in enumerate(names)}
     for layer_index in layers:
         ops = []
         for name in graph.layers[layer_index].nodes:
