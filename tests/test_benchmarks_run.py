@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow          # each starts Python, torch and a planner
     ("plan_speed.py", "plan_speed_quick.json"),
     ("solver_scaling.py", "solver_scaling_quick.json"),
     ("search_vs_uniform.py", "search_vs_uniform_quick.json"),
+    ("trace_replicate.py", "trace_replicate_quick.json"),
 ])
 def test_benchmark_quick_mode_runs_to_the_end(script, results, tmp_path):
     env = dict(os.environ, AUTOPLAN_BENCHMARK_RESULTS=str(tmp_path),

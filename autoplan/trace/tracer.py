@@ -25,7 +25,7 @@ from autoplan.errors import ConfigError
 from autoplan.graph import (DTYPE_BYTES, BatchSpec, Layer, OpGraph, OpNode, ParamInfo, TensorMeta,
                             TPRole)
 from autoplan.models.moe import expert_layers
-from autoplan.trace.capture import Capture, CapturedOp, capture
+from autoplan.trace.capture import Capture, capture
 from autoplan.trace.dataflow import Dataflow
 from autoplan.trace.layers import LayerSpan, detect_layers
 from autoplan.trace.roles import layer_roles, param_tp_dim
