@@ -186,7 +186,7 @@ class Reestimator:
         import torch
 
         from autoplan.models.registry import ModelSpec
-        from autoplan.trace import trace
+        from autoplan.trace.replicate import trace_replicated as trace
 
         key = json.dumps([plan.model, plan.seq_len, precision], sort_keys=True)
         if key not in self._graphs:

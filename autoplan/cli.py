@@ -441,7 +441,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     import torch
 
-    from autoplan.trace import trace
+    from autoplan.trace.replicate import trace_replicated as trace
 
     spec = _spec(args)
     graph = trace(spec, args.batch_size, args.seq_len, dtype=getattr(torch, args.dtype))

@@ -109,7 +109,7 @@ def cmd_profile_ops(args: argparse.Namespace) -> int:
     from autoplan.profile.ops import profile_ops
     from autoplan.profile.store import device_slug
     from autoplan.profile.timing import TimingConfig
-    from autoplan.trace import trace
+    from autoplan.trace.replicate import trace_replicated as trace
 
     dtype = getattr(torch, args.dtype, None)
     if not isinstance(dtype, torch.dtype):
