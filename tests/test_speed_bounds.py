@@ -91,11 +91,27 @@ def test_search_skipped_when_the_engine_would_drop_its_plan():
 def test_the_grid_refusal_names_micro_batches_at_least_stages():
     # 8 devices, batch 2, 4 blocks, tp 1: pp 8 > 4 blocks; pp 4 -> dp 2, 1 sample per rank
     # < 4 stages; pp 2 and 1 -> dp 4 and 8 do not divide the batch
+    # (GPipe runs fewer micro-batches than stages: without it in the space)
     problem = prepare("gpt-tiny", "dgx-a100", nodes=1, global_batch=2)
     with pytest.raises(InfeasibleError) as info:
-        search_uniform(problem.graph, problem.cluster, 2, space=SearchSpace(tp=(1,)))
+        search_uniform(problem.graph, problem.cluster, 2,
+                       space=SearchSpace(tp=(1,), schedules=("1f1b", "interleaved_1f1b")))
     msg = str(info.value)
     assert "no valid configuration of 8 devices for global batch 2" in msg
     assert "1 of them: fewer micro-batches than pipeline stages" in msg
+    assert "GPipe, which does not, is outside the search space" in msg
     assert "2 of them: the global batch is not divisible by the data-parallel degree" in msg
     assert "1 of them: more pipeline stages than the model's 4 blocks" in msg
+
+
+def test_the_grid_plans_gpipe_with_fewer_micro_batches_than_stages():
+    """The same problem with GPipe in the space: pp 4 over dp 2 with one micro-batch each
+    is GPipe (torch's ScheduleGPipe runs any m; the engine's parity at pp 4 with 2
+    micro-batches is tests/test_engine_parity.py's pp4_gpipe_m2); 1F1B never gets m < pp."""
+    problem = prepare("gpt-tiny", "dgx-a100", nodes=1, global_batch=2)
+    result = search_uniform(problem.graph, problem.cluster, 2, space=SearchSpace(tp=(1,)))
+    configs = [c.parallel for c in result.ranked]
+    assert any(p.pp == 4 and p.num_micro_batches == 1 and p.schedule == "gpipe"
+               for p in configs)
+    assert all(p.schedule == "gpipe" for p in configs if 1 < p.pp and p.num_micro_batches
+               < p.pp)

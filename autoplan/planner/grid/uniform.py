@@ -150,10 +150,13 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
                 if space.micro_batch is not None and b not in space.micro_batch:
                     continue
                 m = per_rank // b
-                if pp > 1 and m < pp:
+                few = pp > 1 and m < pp      # 1F1B needs m >= pp (torch's Schedule1F1B)
+                if few and "gpipe" not in space.schedules:
                     continue
                 schedules = [("1f1b", 1)]
-                if pp > 1:
+                if few:                      # GPipe runs any m: every stage holds all m
+                    schedules = [("gpipe", 1)]
+                elif pp > 1:
                     schedules = [(s, 1) for s in space.schedules if s != "interleaved_1f1b"]
                     if "interleaved_1f1b" in space.schedules:
                         schedules += [("interleaved_1f1b", v) for v in space.virtual_stages
@@ -238,7 +241,8 @@ def _refusal(graph: OpGraph, cluster: Cluster, global_batch: int, space: SearchS
     rules = {"pp": f"more pipeline stages than the model's {blocks} blocks",
              "dp": "the global batch is not divisible by the data-parallel degree dp",
              "m": "fewer micro-batches than pipeline stages (m = batch / (dp b) <= "
-                  "batch / dp < pp; 1F1B and GPipe need m >= pp)",
+                  "batch / dp < pp; 1F1B needs m >= pp, and GPipe, which does not, is "
+                  "outside the search space)",
              "space": "outside the search space"}
     failed = dict.fromkeys(rules, 0)
     for tp in tps:
@@ -248,7 +252,8 @@ def _refusal(graph: OpGraph, cluster: Cluster, global_batch: int, space: SearchS
                     or (space.pp is not None and pp not in space.pp)
                     or (space.dp is not None and dp not in space.dp) else
                     "pp" if pp > blocks else "dp" if global_batch % dp else
-                    "m" if pp > 1 and global_batch // dp < pp else "space")
+                    "m" if pp > 1 and global_batch // dp < pp
+                    and "gpipe" not in space.schedules else "space")
             failed[rule] += 1
     said = "; ".join(f"{n} of them: {rules[r]}" for r, n in failed.items() if n)
     return (f"no valid configuration of {world} devices for global batch {global_batch}: "

@@ -234,24 +234,31 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
                              combos=combos, memory=memory)
             rts[n] = rt
             stage_time[:, :, :, n] = rt.time
-        res = pipeline_dp(stage_time, v_units, m)
-        dp_runs += 1
-        if res is not None:
+        # 1F1B with at most m stages (torch's Schedule1F1B refuses more); with more stages
+        # than micro-batches every stage holds all m in flight, as GPipe does: the tables'
+        # row for position m prices each stage so, and such pipelines are written as GPipe
+        runs = [("1f1b", stage_time[:min(max_stages, m) + 1], lambda s: s)]
+        if m < max_stages:
+            gpipe = np.broadcast_to(stage_time[m], stage_time.shape).copy()
+            gpipe[0] = math.inf
+            runs.append(("gpipe", gpipe, lambda s: m))
+        for schedule, table, row in runs:
+            res = pipeline_dp(table, v_units, m)
+            dp_runs += 1
+            if res is None or (schedule == "gpipe" and len(res.stages) <= m):
+                continue                       # (1F1B holds less for the same time)
             stages = []
             for p in res.stages:
                 rt = rts[p.devices]
-                ci = int(rt.combo[p.position, p.start, p.end])
-                mi = int(rt.mesh[p.position, p.start, p.end])
+                ci = int(rt.combo[row(p.position), p.start, p.end])
+                mi = int(rt.mesh[row(p.position), p.start, p.end])
                 stages.append(_stage(ms, rt.meshes[mi], rt.combos[ci], rt.choice[(mi, ci)],
                                      tables, units[p.start], units[p.end]))
-            # with fewer micro-batches than stages 1F1B keeps every micro-batch in flight,
-            # as GPipe does, and torch's Schedule1F1B refuses it: write it as GPipe
-            schedule = "1f1b" if len(stages) <= m else "gpipe"
             candidates.append(Candidate(PipelineChoice(tuple(stages), mb, m, schedule, 1),
                                         res.latency, "stage DP"))
         # balanced pipelines, every schedule
         for pp in divisors(v_units):
-            if pp > max(n_blocks, 1) or (pp > 1 and m < pp):
+            if pp > max(n_blocks, 1):
                 continue
             n = v_units // pp
             if n not in meshes_of:
@@ -320,7 +327,8 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int
     """The fastest fitting balanced pipeline per schedule on ``pp`` equal submeshes."""
     graph = ms.graph
     kinds = list(dict.fromkeys(ms.layer_kind))
-    plans = [("1f1b", 1)] if pp == 1 else [("1f1b", 1), ("gpipe", 1)]
+    plans = [("1f1b", 1)] if pp == 1 else [("1f1b", 1), ("gpipe", 1)] if m >= pp else \
+        [("gpipe", 1)]                 # fewer micro-batches than stages: GPipe only
     if pp > 1 and m % pp == 0:
         plans += [("interleaved_1f1b", v) for v in opts.virtual_stages
                   if pp * v <= n_blocks]
