@@ -535,6 +535,7 @@ def _check_shardable(problem: Problem, p: ParallelConfig) -> None:
     for k in head_counts(problem.spec):
         if k % p.tp:
             raise ConfigError(f"tp = {p.tp} does not divide the head count {k}", field="tp")
-    if p.pp > 1 and p.num_micro_batches < p.pp:
+    if p.pp > 1 and p.num_micro_batches < p.pp and p.schedule != "gpipe":
         raise ConfigError(f"{p.num_micro_batches} micro-batches for {p.pp} pipeline stages; "
-                          "need at least as many micro-batches as stages", field="micro_batch")
+                          f"{p.schedule} needs at least as many micro-batches as stages "
+                          "(GPipe does not)", field="micro_batch")
