@@ -93,10 +93,11 @@ def _trace(stage_time: np.ndarray, f: np.ndarray, t_max: float, s: int,
 
 
 def pipeline_dp(stage_time: np.ndarray, total_devices: int, num_micro_batches: int, *,
-                max_candidates: int = 12) -> DpResult | None:
+                max_candidates: int = 12, bound: float = INF) -> DpResult | None:
     """min over t_max of min_s F(s, 0, V) + (m - 1) t_max (module docstring); t_max runs
     over the distinct finite stage latencies (subsampled to ``max_candidates``, then
-    refined between the best one's neighbours). None if no partition fits."""
+    refined between the best one's neighbours). None if no partition fits, or none is
+    faster than ``bound`` (a latency already found: Alpa's early stop starts from it)."""
     finite = np.unique(stage_time[np.isfinite(stage_time)])
     if finite.size == 0:
         return None
@@ -120,10 +121,10 @@ def pipeline_dp(stage_time: np.ndarray, total_devices: int, num_micro_batches: i
         grid = list(finite[idx])
     tried: dict[float, DpResult | None] = {}
     for t_max in grid:
-        if best is not None and (m - 1) * t_max >= best.latency:
+        if (m - 1) * t_max >= (best.latency if best is not None else bound):
             break                                   # Alpa's early stop
         tried[t_max] = r = run(t_max)
-        if r is not None and (best is None or r.latency < best.latency):
+        if r is not None and r.latency < (best.latency if best is not None else bound):
             best = r
     if best is not None and finite.size > max_candidates:
         # refine: every distinct latency between the neighbours of the best grid point

@@ -242,9 +242,12 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
             gpipe = np.broadcast_to(stage_time[m], stage_time.shape).copy()
             gpipe[0] = math.inf
             runs.append(("gpipe", gpipe, lambda s: m))
+        found = math.inf
         for schedule, table, row in runs:
-            res = pipeline_dp(table, v_units, m)
+            # GPipe holds more than 1F1B for the same latency: only a faster one is news
+            res = pipeline_dp(table, v_units, m, bound=found)
             dp_runs += 1
+            found = min(found, res.latency if res is not None else math.inf)
             if res is None or (schedule == "gpipe" and len(res.stages) <= m):
                 continue                       # (1F1B holds less for the same time)
             stages = []
