@@ -90,7 +90,8 @@ SMALL: dict[str, str | tuple[None, str]] = {
                                               "benchmarks/results/; run by hand")
        for name in ("megatron_sc21", "plan_speed", "engine_overhead", "solver_scaling",
                     "search_vs_uniform", "search_measured", "cost_model_accuracy",
-                    "fuzz_counts", "moe_cp", "published_runs", "recompute")},
+                    "fuzz_counts", "moe_cp", "published_runs", "recompute",
+                    "trace_replicate")},
     "PYTHONPATH=.:/path/to/zoo-deps python benchmarks/model_zoo.py --jobs 2":
         (None, "needs torchvision and timm (a CPU build beside the CPU torch) and minutes per "
                "model; run by hand"),
