@@ -30,9 +30,11 @@ from dataclasses import dataclass
 
 REPLICATE, SHARD, PARTIAL = "R", "S", "P"
 
-_PLAN = re.compile(r"^(Replicate|Shard|Partial|_StridedShard)\(\s*([A-Za-z]*|-?\d+)"
-                   r"(?:\s*,\s*(?:split_factor\s*=\s*)?(\d+))?\s*\)$")
-_COMPACT = re.compile(r"^(R|P|S(\d+)(?:~(\d+))?)$")
+# dimensions and split factors are small numbers: at most 9 digits (a 5,000-digit one would
+# exceed int()'s 4,300-digit limit and raise instead of being refused with the field)
+_PLAN = re.compile(r"^(Replicate|Shard|Partial|_StridedShard)\(\s*([A-Za-z]*|-?\d{1,9})"
+                   r"(?:\s*,\s*(?:split_factor\s*=\s*)?(\d{1,9}))?\s*\)$")
+_COMPACT = re.compile(r"^(R|P|S(\d{1,9})(?:~(\d{1,9}))?)$")
 _REDUCE_OPS = ("", "sum", "avg")
 
 
@@ -63,12 +65,18 @@ def parse(text: str, where: str = "placement", *, partial: bool = True,
     partial sum or a strided shard)."""
     p = _parse(text) if isinstance(text, str) else None
     if not isinstance(p, Placement):
-        raise PlacementError(f"{where}: {text!r} " + (p or "is not a placement string"))
+        raise PlacementError(f"{where}: {_shown(text)} " + (p or "is not a placement string"))
     if p.kind == PARTIAL and not partial:
-        raise PlacementError(f"{where}: {text!r}: a partial sum is not allowed here")
+        raise PlacementError(f"{where}: {_shown(text)}: a partial sum is not allowed here")
     if p.strided and not strided:
-        raise PlacementError(f"{where}: {text!r}: a strided shard is not allowed here")
+        raise PlacementError(f"{where}: {_shown(text)}: a strided shard is not allowed here")
     return p
+
+
+def _shown(value) -> str:
+    """``repr(value)``, cut to 60 characters (an error message stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:50]}... ({len(text)} characters)"
 
 
 _NOT_ONE = "is not a placement (Replicate(), Shard(d), Partial() or _StridedShard(d))"

@@ -30,6 +30,17 @@ def test_garbage_is_refused_with_the_field_named(bad):
         parse(bad, "param_placements.w.tp")
 
 
+@pytest.mark.parametrize("bad", ["Shard(" + "9" * 5000 + ")", "S" + "9" * 5000,
+                                 "_StridedShard(0, split_factor=" + "9" * 5000 + ")"])
+def test_a_huge_dimension_is_refused_in_one_short_line(bad):
+    """A 5,000-digit dimension is past int()'s 4,300-digit limit: refused with the field
+    named, not a bare ValueError (tests/test_fuzz_plan.py's 'huge number literal' found it
+    in a plan's param_placements), and the message does not repeat the 5,000 digits."""
+    with pytest.raises(PlacementError, match="param_placements.w.tp") as info:
+        parse(bad, "param_placements.w.tp")
+    assert len(str(info.value)) < 200 and "characters" in str(info.value)
+
+
 def test_kinds_can_be_refused():
     with pytest.raises(PlacementError, match="partial"):
         parse("Partial()", partial=False)
