@@ -39,6 +39,7 @@ from autoplan.planner.build import build_plan
 from autoplan.planner.grid.estimate import Estimator, fits
 from autoplan.planner.grid.uniform import SearchResult, SearchSpace, search_uniform
 from autoplan.precision import default_for
+from autoplan.schedule import runs_micro_batches
 from autoplan.precision import precision as precision_named
 
 ModelLike = str | ModelSpec
@@ -535,7 +536,7 @@ def _check_shardable(problem: Problem, p: ParallelConfig) -> None:
     for k in head_counts(problem.spec):
         if k % p.tp:
             raise ConfigError(f"tp = {p.tp} does not divide the head count {k}", field="tp")
-    if p.pp > 1 and p.num_micro_batches < p.pp and p.schedule != "gpipe":
+    if not runs_micro_batches(p.schedule, p.pp, p.num_micro_batches):
         raise ConfigError(f"{p.num_micro_batches} micro-batches for {p.pp} pipeline stages; "
                           f"{p.schedule} needs at least as many micro-batches as stages "
                           "(GPipe does not)", field="micro_batch")

@@ -28,6 +28,13 @@ from __future__ import annotations
 from typing import NamedTuple
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+def runs_micro_batches(schedule: str, pp: int, m: int) -> bool:
+    """Can ``schedule`` run ``m`` micro-batches over ``pp`` stages? GPipe runs any m (every
+    stage then holds all m in flight); 1F1B and interleaved 1F1B need m >= pp (torch's
+    ``Schedule1F1B`` refuses fewer)."""
+    return pp <= 1 or schedule == "gpipe" or m >= pp
 FORWARD, BACKWARD = "F", "B"
 
 

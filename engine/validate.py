@@ -15,6 +15,7 @@ import torch
 from torch.distributed.tensor import Shard
 
 from autoplan.errors import ConfigError, PlanError
+from autoplan.schedule import runs_micro_batches
 from autoplan.capability import ENGINE_DTYPES
 from autoplan.models.capabilities import capabilities
 from autoplan.models.registry import ModelSpec
@@ -166,7 +167,7 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
         if wanted and not allowed:
             raise PlanError(f"plan {source}: field 'parallel' asks for {what}, which the "
                             f"engine cannot run for model {spec.name!r}: {caps.reason}")
-    if p.pp > 1 and p.schedule == "1f1b" and p.num_micro_batches < p.pp:
+    if not runs_micro_batches(p.schedule, p.pp, p.num_micro_batches):
         # torch.distributed.pipelining.Schedule1F1B refuses fewer micro-batches than stages
         raise PlanError(f"plan {source}: field 'parallel.num_micro_batches': 1F1B needs at "
                         f"least pp={p.pp} micro-batches, got {p.num_micro_batches} (with "

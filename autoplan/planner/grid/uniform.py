@@ -31,6 +31,7 @@ from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
 from autoplan.planner.grid.estimate import Estimator, divisors, fits
+from autoplan.schedule import runs_micro_batches
 
 GB = 1e9
 
@@ -150,7 +151,7 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
                 if space.micro_batch is not None and b not in space.micro_batch:
                     continue
                 m = per_rank // b
-                few = pp > 1 and m < pp      # 1F1B needs m >= pp (torch's Schedule1F1B)
+                few = not runs_micro_batches("1f1b", pp, m)
                 if few and "gpipe" not in space.schedules:
                     continue
                 schedules = [("1f1b", 1)]

@@ -61,6 +61,7 @@ from autoplan.planner.search.library import LAMBDAS, Library, build_library
 from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
 from autoplan.planner.search.tables import (INF, KindTable, LayerArrays, kind_table,
                                      layer_arrays, priced_rows, range_table)
+from autoplan.schedule import runs_micro_batches
 
 log = logging.getLogger(__name__)
 
@@ -330,8 +331,8 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int
     """The fastest fitting balanced pipeline per schedule on ``pp`` equal submeshes."""
     graph = ms.graph
     kinds = list(dict.fromkeys(ms.layer_kind))
-    plans = [("1f1b", 1)] if pp == 1 else [("1f1b", 1), ("gpipe", 1)] if m >= pp else \
-        [("gpipe", 1)]                 # fewer micro-batches than stages: GPipe only
+    plans = [("1f1b", 1)] if pp == 1 else [(s, 1) for s in ("1f1b", "gpipe")
+                                           if runs_micro_batches(s, pp, m)]
     if pp > 1 and m % pp == 0:
         plans += [("interleaved_1f1b", v) for v in opts.virtual_stages
                   if pp * v <= n_blocks]
