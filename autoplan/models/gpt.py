@@ -153,8 +153,13 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.hidden) if cfg.style == "gpt" else None
+        # ``_weight`` skips nn.Embedding's own normal_ init, which init_weights overrides; on
+        # the meta device that init would import torch._dynamo (about 1 CPU s).
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden,
+                                    _weight=torch.empty(cfg.vocab_size, cfg.hidden))
+        self.pos_emb = (nn.Embedding(cfg.seq_len, cfg.hidden,
+                                     _weight=torch.empty(cfg.seq_len, cfg.hidden))
+                        if cfg.style == "gpt" else None)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
         self.norm = _norm(cfg)
