@@ -63,7 +63,7 @@ def test_dgx_a100_figures():
     assert c.device.peak_flops("bfloat16") == 312e12
     assert c.device.peak_flops("torch.float16") == 312e12
     assert c.device.peak_flops("fp32") == 19.5e12
-    assert c.device.memory_bytes == 80e9
+    assert c.device.memory_bytes == pytest.approx(81920 * 2 ** 20, rel=1e-4)   # nvidia-smi
     assert c.device.memory_bandwidth == c.device.memory_bandwidth_bytes == 2039e9
     assert c.intra_node.bandwidth == 230e9
     assert c.node_nic_bandwidth == pytest.approx(192e9)      # 8 x HDR, published busbw
@@ -73,7 +73,8 @@ def test_dgx_a100_figures():
 def test_h100_h200_v100_figures():
     h100, h200 = load_device("h100-sxm"), load_device("h200-sxm")
     assert h100.peak_flops("bfloat16") == h200.peak_flops("bfloat16") == 989e12
-    assert (h100.memory_gb, h200.memory_gb) == (80, 141)
+    assert h100.memory_bytes == pytest.approx(81559 * 2 ** 20, rel=1e-4)       # nvidia-smi
+    assert h200.memory_gb == 141
     assert (h100.memory_bandwidth_gbps, h200.memory_bandwidth_gbps) == (3350, 4800)
     assert load_cluster("dgx-h100").intra_node.bandwidth_gbps == 370
     v100 = load_device("v100-32gb")
