@@ -41,9 +41,9 @@ def test_llama3_405b_on_8_h100s_is_rejected_with_the_numbers():
     msg = str(info.value)
     assert msg.startswith("model does not fit: memory per device is the binding constraint")
     assert "405.9B parameters" in msg and "6493.7 GB of model states" in msg
-    assert "811.7 GB per device" in msg and "80.0 GB" in msg
-    # 6493.7 GB over 80 GB devices: 82 devices, whole 8-device nodes: 88
-    assert "at least 88 devices" in msg
+    assert "811.7 GB per device" in msg and "85.5 GB" in msg
+    # 6493.7 GB over 85.5 GB devices (81,559 MiB): 76 devices, whole 8-device nodes: 80
+    assert "at least 80 devices" in msg
     # the same model on 2048 nodes passes the bound (the planner then finds a plan)
     check_states_fit(spec, load_cluster("dgx-h100", nodes=2048), "mixed")
 

@@ -24,7 +24,13 @@ def split_layers(graph: OpGraph, num_chunks: int) -> list[tuple[int, int]]:
     """[start, end) layer ranges of ``num_chunks`` pipeline chunks over the graph's layers.
 
     Repeated blocks are divided as evenly as possible; non-block layers before the first block
-    (``<pre>``) join chunk 0, those after the last block join the last chunk.
+    (``<pre>``) join chunk 0, those after the last block join the last chunk. Where the blocks
+    do not divide evenly, the extra blocks go to the middle chunks first, then to the first,
+    then to the last: the first pipeline rank holds the most micro-batches in flight (pp
+    under 1F1B, :func:`autoplan.cost.memory.in_flight_micro_batches`) and the embedding,
+    the last one the head and the loss. This is the Llama 3 405B layout (Llama 3 paper,
+    arXiv 2407.21783, sec. 3.3.2: "we reduce one Transformer layer each from the first and
+    the last stages": 126 blocks over 16 stages, 7 on each end, 8 in between).
     """
     block_idx = [layer.index for layer in graph.blocks()]
     n_layers = len(graph.layers)
@@ -36,9 +42,11 @@ def split_layers(graph: OpGraph, num_chunks: int) -> list[tuple[int, int]]:
         raise ValueError(f"{num_chunks} pipeline chunks for {len(block_idx)} blocks")
     first, last = block_idx[0], block_idx[-1]
     base, extra = divmod(len(block_idx), num_chunks)
+    order = list(range(1, num_chunks - 1)) + [0, num_chunks - 1][:num_chunks]
+    more = set(order[:extra])
     bounds, pos = [], first
     for c in range(num_chunks):
-        size = base + (1 if c < extra else 0)
+        size = base + (1 if c in more else 0)
         bounds.append([pos, pos + size])
         pos += size
     bounds[0][0] = 0
