@@ -94,3 +94,34 @@ def test_step_memory_has_its_overheads(llama):
     assert mem.other > runtime_bytes(3)            # context + NCCL (default, TP, DP) + more
     assert plan.prediction.memory_limit_bytes == pytest.approx(
         usable_bytes(llama.cluster.device.memory_bytes))
+
+
+def test_uneven_pipelines_put_the_extra_blocks_in_the_middle():
+    """Llama 3 405B's 126 blocks over 16 stages: 7 blocks on the first and last stages, 8 on
+    the others (the first rank holds pp micro-batches in flight and the embedding; the Llama
+    3 paper sec. 3.3.2 takes one layer off each end); with more extra blocks than middle
+    chunks the first chunk takes one before the last (which holds the head)."""
+    from types import SimpleNamespace
+
+    from autoplan.planner.build import split_layers
+
+    def graph(blocks: int):
+        names = ["<pre>"] + [f"blocks.{i}" for i in range(blocks)] + ["<post>"]
+        layers = [SimpleNamespace(index=i, name=n) for i, n in enumerate(names)]
+        return SimpleNamespace(layers=layers,
+                               blocks=lambda: [l for l in layers if l.name.startswith("b")])
+
+    def blocks_per_chunk(blocks: int, chunks: int) -> list[int]:
+        ranges = split_layers(graph(blocks), chunks)
+        assert ranges[0][0] == 0 and ranges[-1][1] == blocks + 2
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        sizes = [b - a for a, b in ranges]
+        sizes[0] -= 1                   # <pre>
+        sizes[-1] -= 1                  # <post>
+        return sizes
+
+    assert blocks_per_chunk(126, 16) == [7] + [8] * 14 + [7]
+    assert blocks_per_chunk(31, 16) == [2] * 15 + [1]
+    assert blocks_per_chunk(32, 16) == [2] * 16
+    assert blocks_per_chunk(5, 2) == [3, 2]
+    assert blocks_per_chunk(7, 1) == [7]
