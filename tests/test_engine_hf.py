@@ -242,7 +242,9 @@ def test_tensor_parallel_styles_for_llama():
     assert first.desired_input_layouts == (Shard(1),)
     head = styles["lm_head"]
     assert isinstance(head, ColwiseParallel) and head.input_layouts == (Shard(1),)
-    assert "model.embed_tokens" not in styles
+    # the token embedding is vocabulary parallel: its partial lookups are all-reduced
+    emb = styles["model.embed_tokens"]
+    assert isinstance(emb, RowwiseParallel) and emb.output_layouts == (Replicate(),)
 
 
 # ---- capabilities: what the planner may propose is what the engine accepts ----------------

@@ -189,7 +189,12 @@ def test_gpt_tp_roles_and_param_dims(eager_fp16):
     assert p["blocks.0.mlp.fc1.bias"].tp_dim == 0
     assert p["blocks.0.mlp.fc2.bias"].tp_dim is None
     assert p["blocks.0.norm1.weight"].tp_dim is None
-    assert p["tok_emb.weight"].tp_dim is None
+    # the token embedding is vocabulary parallel (Megatron's VocabParallelEmbedding): its
+    # lookup is a row op whose output is all-reduced; learned positions stay replicated
+    assert (p["tok_emb.weight"].tp_role, p["tok_emb.weight"].tp_dim) == ("row", 0)
+    assert p["pos_emb.weight"].tp_dim is None
+    pre = eager_fp16.layers[0].stats
+    assert pre.tp_allreduce_fwd_bytes == 2 * SBH and pre.params_tp == p["tok_emb.weight"].numel
     stats = eager_fp16.layers[1].stats
     # Megatron: two all-reduces forward (after o, fc2) and two backward (norm outputs)
     assert stats.tp_allreduce_fwd_bytes == 2 * 2 * SBH

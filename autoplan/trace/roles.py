@@ -18,6 +18,11 @@ is a matmul/convolution reading a parameter.
   MLP activation) — or that never return to R at all (the cross-entropy after a
   column-parallel LM head: vocabulary-parallel loss, as
   ``torch.distributed.tensor.parallel.loss_parallel`` computes it).
+* The token embedding — an ``embedding`` lookup of a parameter by indices the batch feeds
+  in (the token ids; not positions made inside the model) — is ``row``: vocabulary
+  parallel, each rank holding 1/t of the vocabulary's rows and the partial lookups summed
+  over TP (Megatron-LM's ``VocabParallelEmbedding``, Shoeybi et al. 2019 sec. 3; torchtitan
+  shards ``tok_embeddings`` the same way with ``RowwiseParallel``).
 * Everything else is ``replicated``. Views of a parameter (``t(weight)``) take the role of
   the weight op they feed.
 
@@ -25,8 +30,8 @@ Parameter sharding dims (:func:`param_tp_dim`): a column op shards the weight on
 features, a row op on its input features, found through the strides of the operand the
 parameter feeds (so ``nn.Linear`` weights (out, in) give 0 / 1 and Hugging Face ``Conv1D``
 weights (in, out) give 1 / 0); convolution weights (out, in, k...) give 0 / 1. Biases of
-column ops are sharded on dim 0; biases of row ops, and all other parameters (embeddings,
-norms), are replicated.
+column ops are sharded on dim 0; a token embedding's weight (vocab, hidden) on dim 0; biases
+of row ops, and all other parameters (position embeddings, norms), are replicated.
 """
 
 from __future__ import annotations
@@ -123,6 +128,9 @@ def layer_roles(ops: list[CapturedOp], flow: Dataflow, start: int, stop: int
         roles[i] = "column"
     for i in row:
         roles[i] = "row"
+    for i in inside:
+        if token_embedding(ops[i], flow.io[i]):
+            roles[i] = "row"
     # views of parameters follow the weight op they feed
     for i in inside:
         if weight[i] and roles[i] in ("column", "row"):
@@ -132,10 +140,22 @@ def layer_roles(ops: list[CapturedOp], flow: Dataflow, start: int, stop: int
     return roles
 
 
+def token_embedding(op: CapturedOp, io) -> bool:
+    """Is ``op`` a token embedding: an ``embedding`` lookup of a 2-D parameter by indices
+    that are a batch input (module docstring)?"""
+    if op.func.overloadpacket.__name__ != "embedding" or not io.params or not io.batch_inputs:
+        return False
+    weight = op.in_tensors[0] if op.in_tensors else None
+    return weight is not None and weight.dim() == 2 and any(
+        storage_key(t) == storage_key(weight) for t, _ in io.params)
+
+
 def param_tp_dim(op: CapturedOp, param: torch.Tensor, role: TPRole) -> int | None:
     """The dim of ``param`` sharded when ``op`` (a column or row op) reads it, or None."""
     if role not in ("column", "row"):
         return None
+    if op.func.overloadpacket.__name__ == "embedding":
+        return 0 if role == "row" else None          # vocabulary parallel (module docstring)
     if param.dim() <= 1:
         return 0 if role == "column" else None
     name = op.func.overloadpacket.__name__

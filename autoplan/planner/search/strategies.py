@@ -295,7 +295,11 @@ def _supplement(mesh, op: RecordedOp) -> list:
     op handlers rather than registering strategies). ``_log_softmax`` on a tensor sharded
     along the softmax dim stays sharded (its max and sum-exp need a small all-reduce of
     one value per row, not costed), and ``nll_loss_forward`` of such a tensor with
-    replicated targets gives a partial sum."""
+    replicated targets gives a partial sum. A vocabulary-parallel ``embedding`` (Megatron's
+    VocabParallelEmbedding): the weight sharded on its rows along one axis, the indices
+    replicated there, the output a partial sum (DTensor registers it with a masked
+    partial on the indices, which the planned space has no name for); along the other
+    axis everything replicated or the batch sharded."""
     from torch.distributed.tensor._op_schema import OpSpec
 
     name = op.func.overloadpacket.__name__
@@ -324,6 +328,24 @@ def _supplement(mesh, op: RecordedOp) -> list:
                          for k, o in enumerate(op.outputs))
             out.append(OpSpec(output_specs=outs if len(outs) > 1 else outs[0],
                               input_specs=ins))
+    elif name == "embedding" and len(refs) >= 2 and len(refs[0].shape) == 2:
+        from torch.distributed.tensor import Partial, Replicate
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+
+        weight, indices = refs[0], refs[1]
+        for axis in range(AXES):
+            for other in ["R"] + [f"S{d}" for d in range(len(indices.shape))]:
+                w, i = ["R"] * AXES, ["R"] * AXES
+                w[axis] = "S0"
+                i[1 - axis] = other
+                places = [Replicate()] * AXES
+                places[axis] = Partial()
+                if other != "R":
+                    places[1 - axis] = to_dtensor(parse(other))
+                outs = DTensorSpec(mesh, tuple(places), tensor_meta=None)
+                out.append(OpSpec(output_specs=outs,
+                                  input_specs=(_dtensor_spec(mesh, weight, tuple(w)),
+                                               _dtensor_spec(mesh, indices, tuple(i)))))
     elif name == "nll_loss_forward" and len(refs) >= 2 and len(refs[0].shape) == 2:
         from torch.distributed.tensor import Partial, Replicate
         from torch.distributed.tensor._dtensor_spec import DTensorSpec
