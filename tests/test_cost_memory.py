@@ -125,3 +125,31 @@ def test_uneven_pipelines_put_the_extra_blocks_in_the_middle():
     assert blocks_per_chunk(32, 16) == [2] * 16
     assert blocks_per_chunk(5, 2) == [3, 2]
     assert blocks_per_chunk(7, 1) == [7]
+
+
+def test_zero2_reduces_every_micro_batch_or_holds_full_gradients_in_a_pipeline():
+    """ZeRO-2 keeps sharded gradients over m > 1 micro-batches only by reduce-scattering
+    after each backward (FSDP; engine.data_parallel); a pipeline schedule accumulates
+    unsharded gradients and reduces once, so its memory is ZeRO-1's."""
+    import autoplan
+    from autoplan.api import prepare
+
+    problem = prepare(autoplan.resolve_model("gpt-1.7b"), "dgx-a100", nodes=2,
+                      global_batch=64)
+
+    def pred(zero: int, pp: int, mb: int):
+        return autoplan.estimate(None, None, global_batch=64, problem=problem, pp=pp,
+                                 zero=zero, micro_batch=mb).prediction
+
+    # no pipeline, 4 micro-batches of 1: four reduce-scatters (half an all-reduce each)
+    z1, z2 = pred(1, 1, 1), pred(2, 1, 1)
+    assert z2.memory.grads == pytest.approx(z1.memory.grads / 16)
+    assert z2.time.dp_comm > z1.time.dp_comm
+    # one micro-batch: one reduce-scatter, no more than ZeRO-1's reduction
+    z1, z2 = pred(1, 1, 4), pred(2, 1, 4)
+    assert z2.memory.grads == pytest.approx(z1.memory.grads / 16)
+    assert z2.time.dp_comm <= z1.time.dp_comm
+    # a pipeline of 2 stages over 4 micro-batches: ZeRO-1's bytes and time
+    z1, z2 = pred(1, 2, 1), pred(2, 2, 1)
+    assert z2.memory.grads == pytest.approx(z1.memory.grads)
+    assert z2.step_time_s == pytest.approx(z1.step_time_s)

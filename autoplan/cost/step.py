@@ -43,7 +43,13 @@ per reduced gradient (fp32)::
 
 (:mod:`autoplan.cost.overlap`): a reduction hides only behind the backward of the last
 micro-batch, and its last bucket (A_last: 25 MiB of gradients, PyTorch DDP's default) behind
-nothing; under ZeRO-3 the rank's U units (FSDP's wrapped modules, ``ChunkCost.modules``)
+nothing. **ZeRO-2 over m > 1 micro-batches** keeps its gradients sharded only by reducing
+them every micro-batch: without pipeline parallelism FSDP reduce-scatters after each
+backward and accumulates the shards (R_d = sum_b reduce_scatter(R psi_b, g_b);
+E_d = m (R_last + x(R_d - R_last, sum_c t_b))); under pipeline parallelism the schedule
+accumulates unsharded gradients over the micro-batches and reduces once (torch.distributed
+.pipelining; DeepSpeed refuses ZeRO-2 with its pipeline engine), so its memory is ZeRO-1's
+(:mod:`engine.data_parallel`, which runs both). Under ZeRO-3 the rank's U units (FSDP's wrapped modules, ``ChunkCost.modules``)
 each all-gather their parameters before forward and again before backward (g = all_gather(p
 psi_b / U)) and reduce-scatter their gradients after backward (r = reduce_scatter(R psi_b /
 U)), prefetching one unit ahead, so a unit whose collectives outlast its compute (f =
@@ -214,12 +220,19 @@ class StepModel:
         return hit
 
     # ---- data parallelism of one pipeline rank ------------------------------------------
-    def _syncs(self, buckets: Sequence[ParamBucket], zero: int) -> tuple[float, float, float]:
-        """(A_d, G_d, local parameters the optimizer steps) of the module docstring."""
+    def _syncs(self, buckets: Sequence[ParamBucket], zero: int, m: int = 1,
+               pipelined: bool = False) -> tuple[float, float, float]:
+        """(A_d, G_d, local parameters the optimizer steps) of the module docstring; A_d is
+        m R_d for ZeRO-2 over m > 1 micro-batches without a pipeline."""
+        per_micro_batch = zero == 2 and m > 1 and not pipelined
         t_reduce = t_gather = local = 0.0
         for b in buckets:
             if b.group.size > 1 and b.count > 0:
-                t_reduce += self._comm_time("all_reduce", b.count * REDUCE_BYTES, b.group)
+                if per_micro_batch:
+                    t_reduce += m * self._comm_time("reduce_scatter", b.count * REDUCE_BYTES,
+                                                    b.group)
+                else:
+                    t_reduce += self._comm_time("all_reduce", b.count * REDUCE_BYTES, b.group)
                 if zero == 3:
                     t_gather += self._comm_time("all_gather", b.count * self.param_bytes,
                                                 b.group)
@@ -227,11 +240,13 @@ class StepModel:
         return t_reduce, t_gather, local
 
     def _dp_exposed(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket],
-                    zero: int, m: int, t_reduce: float) -> float:
+                    zero: int, m: int, t_reduce: float, pipelined: bool = False) -> float:
         """E_d: exposed data-parallel seconds of one pipeline rank (module docstring).
 
         ZeRO 0-2: the step's gradient reduction in buckets over the last micro-batch's
-        backward (:func:`autoplan.cost.overlap.bucketed_reduction`). ZeRO-3: per micro-batch,
+        backward (:func:`autoplan.cost.overlap.bucketed_reduction`); ZeRO-2 over m > 1
+        micro-batches without a pipeline: a reduce-scatter so over every micro-batch's
+        backward (module docstring). ZeRO-3: per micro-batch,
         the per-unit all-gathers (forward and backward) and reduce-scatters of
         :func:`autoplan.cost.overlap.zero3_micro_batch`, the rank's chunks' units (FSDP's
         wrapped modules: ``ChunkCost.modules``) sharing its parameters and compute equally."""
@@ -239,6 +254,12 @@ class StepModel:
         if not synced:
             return 0.0
         bwd = sum(c.bwd for c in chunks)
+        if zero == 2 and m > 1 and not pipelined:     # a reduce-scatter per micro-batch
+            scatter = t_reduce / m
+            last = sum(self.comm.time("reduce_scatter", min(b.count * REDUCE_BYTES,
+                                                            DDP_BUCKET_BYTES), b.group)
+                       for b in synced)
+            return m * bucketed_reduction(scatter, bwd, last)
         if zero < 3:
             last = sum(self.comm.time("all_reduce", min(b.count * REDUCE_BYTES,
                                                         DDP_BUCKET_BYTES), b.group)
@@ -312,12 +333,14 @@ class StepModel:
         for d, cs in enumerate(ranks):
             zero = cs[0].zero
             buckets = _merge([b for c in cs for b in c.buckets])
-            t_reduce, t_gather, local = self._syncs(buckets, zero)
-            dp_exposed.append(self._dp_exposed(cs, buckets, zero, m, t_reduce))
+            t_reduce, t_gather, local = self._syncs(buckets, zero, m, pp > 1)
+            dp_exposed.append(self._dp_exposed(cs, buckets, zero, m, t_reduce, pp > 1))
             opt_time.append(self.compute.optimizer_time(local))
             syncs.append((t_reduce, t_gather, local))
             in_flight = in_flight_micro_batches(work.schedule, pp, d, m, v)
-            per_rank.append(self._memory(cs, buckets, in_flight, zero, pp > 1))
+            # ZeRO-2 in a pipeline with m > 1 accumulates unsharded gradients: ZeRO-1's bytes
+            mem_zero = 1 if zero == 2 and pp > 1 and m > 1 else zero
+            per_rank.append(self._memory(cs, buckets, in_flight, mem_zero, pp > 1))
         dp_comm = max(dp_exposed)
         optimizer = max(opt_time)
         step = pipeline + dp_comm + optimizer
