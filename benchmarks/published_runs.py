@@ -172,6 +172,8 @@ def price_paper(run: dict, problem) -> tuple[object, dict, bool]:
     dp = run["gpus"] // (par["tp"] * par["pp"])
     mbs = MICRO_BATCHES if par.get("micro_batch") == "best" else (par.get("micro_batch", 1),)
     vs = VIRTUAL if par.get("virtual_stages") == "best" else (par.get("virtual_stages", 1),)
+    if par.get("schedule") == "interleaved_1f1b" and par["pp"] > 1:
+        vs = tuple(v for v in vs if v >= 2)    # the paper interleaves: v = 1 is plain 1F1B
     best = None
     for mb in mbs:
         for v in vs:
