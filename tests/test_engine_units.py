@@ -39,7 +39,9 @@ def test_tp_plan_maps_megatron_placements_to_styles():
     assert isinstance(styles["blocks.3.mlp.fc1"], ColwiseParallel)
     row = styles["blocks.0.attn.o"]
     assert isinstance(row, RowwiseParallel) and row.output_layouts == (Replicate(),)
-    assert "tok_emb" not in styles and "blocks.0.norm1" not in styles
+    assert "blocks.0.norm1" not in styles and "pos_emb" not in styles
+    emb = styles["tok_emb"]                        # the token embedding: vocabulary parallel
+    assert isinstance(emb, RowwiseParallel) and emb.output_layouts == (Replicate(),)
     head = styles["head"]                          # the planner shards the head's vocabulary
     assert isinstance(head, ColwiseParallel) and head.output_layouts == (Replicate(),)
 
