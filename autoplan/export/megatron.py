@@ -52,10 +52,12 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
     if p.pp > 1 and p.schedule == "gpipe":
         reasons.append("the GPipe schedule: Megatron-LM runs 1F1B (interleaved with virtual "
                        "stages)")
-    if p.pp > 1 and not layout.even:
+    ends = _uneven_ends(layout.blocks_per_chunk) if p.virtual_stages == 1 else None
+    if p.pp > 1 and not layout.even and ends is None:
         reasons.append(f"unequal blocks per stage {list(layout.blocks_per_chunk)}: Megatron-LM "
                        f"splits {layout.num_layers} layers evenly over {len(plan.stages)} "
-                       "(virtual) stages")
+                       "(virtual) stages, but for the first and last stage (without virtual "
+                       "stages)")
     if p.virtual_stages > 1 and p.num_micro_batches % p.pp:
         reasons.append(f"{p.num_micro_batches} micro-batches with the interleaved schedule: "
                        f"Megatron-LM needs a multiple of pp = {p.pp}")
@@ -70,6 +72,12 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
     if p.virtual_stages > 1:
         args.append(("--num-layers-per-virtual-pipeline-stage",
                      str(layout.blocks_per_chunk[0])))
+    if p.pp > 1 and not layout.even and ends:
+        first, last = ends
+        if first is not None:
+            args.append(("--decoder-first-pipeline-num-layers", str(first)))
+        if last is not None:
+            args.append(("--decoder-last-pipeline-num-layers", str(last)))
     if p.sequence_parallel:
         args.append(("--sequence-parallel",))
     if p.cp > 1:
@@ -106,6 +114,22 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
                      "takes it from the tokenizer, padded to --make-vocab-size-divisible-by "
                      "x tp")
     return args, notes
+
+
+def _uneven_ends(blocks: tuple[int, ...]) -> tuple[int | None, int | None] | None:
+    """(first, last) stage block counts that differ from the middle stages' common count
+    (None where equal), as Megatron-core's ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers`` express them; None when the middle stages differ
+    among themselves (not expressible)."""
+    if len(blocks) < 2:
+        return None
+    middle = set(blocks[1:-1])
+    if len(middle) > 1:
+        return None
+    if not middle:                       # two stages: name both
+        return blocks[0], blocks[-1]
+    (mid,) = middle
+    return (blocks[0] if blocks[0] != mid else None, blocks[-1] if blocks[-1] != mid else None)
 
 
 def _model_args(cfg) -> list[tuple[str, ...]]:
