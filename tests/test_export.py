@@ -219,7 +219,8 @@ def test_search_plans_export_when_uniform_and_refuse_per_op_placements_by_name(t
 def test_megatron_uneven_first_and_last_stages():
     """6 blocks over 4 stages run 1, 2, 2, 1 (the extra blocks in the middle): Megatron-core
     names the end stages' counts with --decoder-first/last-pipeline-num-layers."""
-    problem = prepare(resolve("gpt", layers=6, hidden=512, heads=8, vocab_size=8192, seq_len=512), "dgx-a100", nodes=4, global_batch=256)
+    six = resolve("gpt", layers=6, hidden=512, heads=8, vocab_size=8192, seq_len=512)
+    problem = prepare(six, "dgx-a100", nodes=4, global_batch=256)
     plan = autoplan.estimate(None, None, global_batch=256, problem=problem, pp=4)
     args = megatron_flags(export_plan(plan, "megatron").text)
     assert (args["--decoder-first-pipeline-num-layers"],
