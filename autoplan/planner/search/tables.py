@@ -24,6 +24,7 @@ Everything here is arrays; the exact price of what the DP picks comes from the e
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -141,6 +142,27 @@ class RangeTable:
     choice: dict[tuple[int, int], dict[str, int]]   # (mesh idx, combo idx) -> kind -> row
 
 
+class Combos(list):
+    """The combos (lambda or a coherent solution, ZeRO stage, recomputation) of a search, with
+    the arrays :func:`pick_layouts` scores them by, built once rather than per mesh and
+    micro-batch count."""
+
+    @functools.cached_property
+    def arrays(self) -> tuple:
+        """(indices of the lambda combos, their lambda, z, full and selective recomputation
+        as columns; the coherent combos as {solution: [indices]})."""
+        free = [i for i, c in enumerate(self) if not isinstance(c[0], tuple)]
+        lam = np.array([self[i][0] for i in free], dtype=float)[:, None]
+        zs = np.array([self[i][1] for i in free], dtype=np.int64)
+        cks = np.array([self[i][2] is True for i in free], dtype=bool)[:, None]
+        sels = np.array([self[i][2] == "selective" for i in free], dtype=bool)[:, None]
+        fixed: dict = {}
+        for i, c in enumerate(self):
+            if isinstance(c[0], tuple):
+                fixed.setdefault(c[0], []).append(i)
+        return np.array(free, dtype=np.int64), lam, zs, cks, sels, fixed
+
+
 def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
                  combos: list[tuple[float, int, bool]]) -> list[dict[str, int]]:
     """Per combo, per kind: the layout row minimising the combo's score (module docstring)."""
@@ -150,17 +172,16 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
     div = np.where(dsize > 1, dsize, 1.0)
     p_b, g_b, o_b = ev.cm.state_bytes
     opt_rate = ev.cm.compute.optimizer_time(1.0)
-    fixed = {c: i for i, c in enumerate(combos) if isinstance(c[0], tuple)}
-    lam = np.array([0.0 if isinstance(c[0], tuple) else c[0] for c in combos])[:, None]
-    zs = np.array([c[1] for c in combos])
-    cks = np.array([c[2] is True for c in combos])[:, None]           # full recomputation
-    sels = np.array([c[2] == "selective" for c in combos])[:, None]
+    combos = combos if isinstance(combos, Combos) else Combos(combos)
+    free, lam, zs, cks, sels, fixed = combos.arrays
     finite = np.isfinite(lam)
     # bytes per parameter of each bucket at each combo's ZeRO stage: (C, 4)
     per = (p_b / np.where(zs[:, None] >= 3, div, 1.0) + g_b / np.where(zs[:, None] >= 2, div, 1.0)
            + o_b / np.where(zs[:, None] >= 1, div, 1.0))
     opt_div = np.where(zs[:, None] >= 1, div, 1.0)
-    picks: list[dict[str, int]] = [{} for _ in combos]
+    picks: list[dict[str, int] | None] = [None] * len(combos)
+    for c in free.tolist():
+        picks[c] = {}
     for k, t in kt.items():
         states = per @ t.psi.T                                        # (C, L)
         sync = sum(_coll_vec(_line(ev, "all_reduce", groups[bi]), t.psi[:, bi] * REDUCE_BYTES)
@@ -173,14 +194,15 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
         score = np.where(finite, tl + (OVERLAP_COST * sync + opt) / m +
                          np.where(finite, lam, 0.0) * mem, mem + 1e-9 * tl)
         best = np.argmin(score, axis=1)
-        for c, row in enumerate(best):
-            picks[c][k] = int(row)
+        for c, row in zip(free.tolist(), best.tolist()):
+            picks[c][k] = row
     # "coherent" combos: every kind takes the layout one whole-model ILP solve gave it (the
     # solve priced the transitions between kinds, which per-kind scores leave out)
-    for combo, c in fixed.items():
-        layouts = dict(combo[0])
+    for solution, where in fixed.items():
+        layouts = dict(solution)
         rows = {k: kt[k].row_of.get(layouts.get(k)) for k in kt}
-        picks[c] = rows if None not in rows.values() else None
+        for c in where:
+            picks[c] = dict(rows) if None not in rows.values() else None
     return picks
 
 
