@@ -223,10 +223,13 @@ class IlpBuilder:
             d[var] = d.get(var, 0.0) + float(coef)
 
     def _row(self, lb: float, ub: float, terms) -> None:
-        """lb <= sum(coef * var) <= ub."""
+        """lb <= sum(coef * var) <= ub (a variable's repeated terms summed, in order)."""
         ct = self.s.Constraint(lb, ub)
+        coefs: dict = {}
         for var, coef in terms:
-            ct.SetCoefficient(var, ct.GetCoefficient(var) + float(coef))
+            coefs[var] = coefs.get(var, 0.0) + float(coef)
+        for var, coef in coefs.items():
+            ct.SetCoefficient(var, coef)
 
     def build(self):
         self._add_choices()
@@ -352,8 +355,10 @@ class IlpBuilder:
 
 
 def solve(problem: IntraOpProblem, *, time_limit_s: float = 60.0,
-          backend: str = "CBC") -> Solution:
-    """The optimum of ``problem`` (raises InfeasibleError with the binding memory if none).
+          backend: str = "CBC", explain: bool = True) -> Solution:
+    """The optimum of ``problem`` (raises InfeasibleError with the binding memory if none;
+    ``explain=False``: without it, skipping the second solve that finds that memory, for a
+    caller that drops the message).
 
     x and zeta are integer; the pair variables e, w, y are continuous in [0, 1] — with x and
     zeta integral the consistency constraints force them integral too, which keeps the
@@ -374,7 +379,8 @@ def solve(problem: IntraOpProblem, *, time_limit_s: float = 60.0,
     log.info("intra-op ILP: %s; built in %.3f s, solved in %.3f s: %s",
              problem.describe(), t_build, seconds - t_build, name)
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        raise InfeasibleError(_infeasible_message(problem))
+        raise InfeasibleError(_infeasible_message(problem) if explain else
+                              "the intra-op ILP is infeasible")
     choice = [max(range(len(xs)), key=lambda j: xs[j].solution_value()) for xs in builder.x]
     z = max(range(ZERO_STAGES), key=lambda k: builder.zeta[k].solution_value())
     val = objective(problem, choice, z)

@@ -150,8 +150,8 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
                                      in_flight=1, checkpoint=False, mem_weight=weight,
                                      costs=costs, restrict=restrict)
         try:
-            sol = solve(problem, time_limit_s=limit, backend=backend)
-        except InfeasibleError:
+            sol = solve(problem, time_limit_s=limit, backend=backend, explain=False)
+        except InfeasibleError:       # (nothing fits this mesh at this memory weight)
             continue
         finally:
             spent += time.process_time() - c0

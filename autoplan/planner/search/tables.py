@@ -342,19 +342,15 @@ def _sparse_table(x: np.ndarray) -> np.ndarray:
 def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
                  pick: dict[str, int], checkpoint: bool | str) -> LayerArrays:
     """``checkpoint``: False, True (full recomputation of the blocks) or 'selective'."""
-    ms = ev.ms
-    kinds = ms.layer_kind
-    n_layers = len(kinds)
-    order = list(dict.fromkeys(kinds))
-    of = {k: i for i, k in enumerate(order)}
-    kidx = np.array([of[k] for k in kinds], dtype=np.int64)
+    order, kidx, pairs, pidx, is_block = ev.ms.layer_index
+    n_layers = len(kidx)
     sel = [(kt[k], pick[k]) for k in order]
 
     def per_layer(field: str) -> np.ndarray:        # each layer takes its kind's pick
         return np.array([getattr(t, field)[s] for t, s in sel], dtype=float)[kidx]
 
-    rec = np.array(ms.is_block, dtype=bool) & (checkpoint is True)
-    part = np.array(ms.is_block, dtype=bool) & (checkpoint == "selective")
+    rec = is_block & (checkpoint is True)
+    part = is_block & (checkpoint == "selective")
     f, b, cf, cb = (per_layer(x) for x in ("f", "b", "cf", "cb"))
     act_full, kept, gath = per_layer("act"), per_layer("kept"), per_layer("gathered")
     if part.any():             # the attention core: recomputed, its matrices not kept
@@ -367,16 +363,12 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
     psi = per_layer("psi")
     trans = np.zeros(n_layers)
     trans_f = np.zeros(n_layers)
-    pairs: dict[tuple[str, str], tuple[float, float]] = {}
-    for l in range(1, n_layers):
-        ka, kb = kinds[l - 1], kinds[l]
-        if (ka, kb) not in pairs:
-            pairs[(ka, kb)] = ev.transition_time(ka, kb, mesh, micro_batch,
-                                                 kt[ka].layouts[pick[ka]],
-                                                 kt[kb].layouts[pick[kb]])
-        tf, tb = pairs[(ka, kb)]
-        trans[l] = tf + tb
-        trans_f[l] = tf
+    if n_layers > 1:           # the transition into layer l, per distinct (kind, next kind)
+        tt = np.array([ev.transition_time(ka, kb, mesh, micro_batch,
+                                          kt[ka].layouts[pick[ka]], kt[kb].layouts[pick[kb]])
+                       for ka, kb in pairs], dtype=float)
+        trans[1:] = tt[pidx, 0] + tt[pidx, 1]
+        trans_f[1:] = tt[pidx, 0]
     z1 = lambda x: np.concatenate([[0.0], np.cumsum(x)])          # noqa: E731
     return LayerArrays(z1(f + b + cf + cb), z1(f + cf), z1(trans), z1(trans_f), z1(b), z1(f + b),
                        z1(np.where(rec, kept, act_full)),
