@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -201,8 +201,9 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
     for solution, where in fixed.items():
         layouts = dict(solution)
         rows = {k: kt[k].row_of.get(layouts.get(k)) for k in kt}
+        valid = None not in rows.values()
         for c in where:
-            picks[c] = dict(rows) if None not in rows.values() else None
+            picks[c] = dict(rows) if valid else None
     return picks
 
 
@@ -291,8 +292,8 @@ def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed:
     reach = np.maximum.accumulate(np.take_along_axis(
         last_fitting(states, act, fixed, memory, s1), order, axis=0), axis=0)
     # rows before the first reaching s: those whose running maximum is below s
-    counts = np.zeros((p_count, s1 + 1), dtype=np.int64)
-    np.add.at(counts, (np.broadcast_to(np.arange(p_count), reach.shape), reach + 1), 1)
+    cells = (np.arange(p_count) * (s1 + 1) + (reach + 1)).ravel()
+    counts = np.bincount(cells, minlength=p_count * (s1 + 1)).reshape(p_count, s1 + 1)
     first = np.cumsum(counts, axis=1)[:, :s1].T                          # (s1, P)
     found = first < r_count
     at = np.minimum(first, r_count - 1)
@@ -406,6 +407,7 @@ class RangeBase:
     peak: np.ndarray         # max recompute peak over the range
     gathered: np.ndarray     # max gathered parameter bytes over the range
     send: np.ndarray
+    memo: dict = field(default_factory=dict)      # terms finish_range shares across z
 
 
 def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_batch: int,
@@ -456,14 +458,21 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
 def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCosts:
     """:class:`RangeCosts` of ``base`` at ZeRO stage ``zero`` with ``m`` micro-batches."""
     sync, ps, div, synced = base.sync, base.ps, base.div, base.synced
-    u = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * base.bwd,
-                                      OVERLAP_COST * sync), 0.0)
+    memo = base.memo               # the terms shared by the ZeRO stages, computed once
+    if "sync" not in memo:
+        memo["sync"] = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * base.bwd,
+                                                     OVERLAP_COST * sync), 0.0)
+    u = memo["sync"]
     if zero == 3:
-        gat = base.gather
-        u = u + m * np.where(gat > 0, np.maximum(2 * gat - (1 - OVERLAP_COST) * base.fb,
-                                                 OVERLAP_COST * 2 * gat), 0.0)
-    local = (ps / div).sum(axis=-1) if zero >= 1 else ps.sum(axis=-1)
-    u = u + ev.cm.compute.optimizer_time(1.0) * local
+        if "gather" not in memo:
+            gat = base.gather
+            memo["gather"] = np.where(gat > 0, np.maximum(2 * gat - (1 - OVERLAP_COST) * base.fb,
+                                                          OVERLAP_COST * 2 * gat), 0.0)
+        u = u + m * memo["gather"]
+    key = "local" if zero >= 1 else "whole"
+    if key not in memo:
+        memo[key] = (ps / div).sum(axis=-1) if zero >= 1 else ps.sum(axis=-1)
+    u = u + ev.cm.compute.optimizer_time(1.0) * memo[key]
     p_b, g_b, o_b = ev.cm.state_bytes
     states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / (div if zero >= 2 else 1)
                     + o_b / (div if zero >= 1 else 1))).sum(axis=-1)
