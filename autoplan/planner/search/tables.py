@@ -55,6 +55,13 @@ class KindTable:
     sf: np.ndarray = None              # attention core's forward (selective recomputation)
     sact: np.ndarray = None            # its attention matrices (bytes)
 
+    @functools.cached_property
+    def columns(self) -> np.ndarray:
+        """(layouts, 13): f, b, cf, cb, act, kept, gathered, sf, sact, psi (4) per layout
+        (what :func:`layer_arrays` gathers per layer)."""
+        return np.column_stack([self.f, self.b, self.cf, self.cb, self.act, self.kept,
+                                self.gathered, self.sf, self.sact, self.psi])
+
 
 def _line(ev: Evaluator, collective: str, group) -> tuple[float, float]:
     """(alpha, seconds per byte) of ``collective`` on ``group`` (0, 0 for one rank)."""
@@ -303,21 +310,23 @@ def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed:
     return val, row
 
 
+#: columns of ``LayerArrays.cum``
+T, RF, TR, TRF, BWD, FB, ACT, PSI = 0, 1, 2, 3, 4, 5, 6, 7
+
+
 @dataclass
 class LayerArrays:
-    """Per-layer figures of one (mesh, micro-batch, combo): what stage ranges sum."""
+    """Per-layer figures of one (mesh, micro-batch, combo): what stage ranges sum.
 
-    c_t: np.ndarray          # prefix sums (length L + 1) of per-layer time per micro-batch
-    c_rf: np.ndarray         # ... of forward compute + communication (recomputed stages)
-    c_tr: np.ndarray         # ... of transitions (index l: between l - 1 and l)
-    c_trf: np.ndarray        # ... of their forward part
-    c_b: np.ndarray          # ... of backward compute
-    c_fb: np.ndarray         # ... of forward + backward compute
-    c_act: np.ndarray        # ... of kept activations
-    c_psi: np.ndarray        # (L + 1, 4) ... of local parameters per bucket
+    ``cum`` (L + 1, 7 + 4) holds their prefix sums, one column each: T per-layer time per
+    micro-batch, RF forward compute + communication (recomputed stages), TR transitions
+    (index l: between l - 1 and l), TRF their forward part, BWD backward compute, FB
+    forward + backward compute, ACT kept activations, PSI.. local parameters per bucket."""
+
+    cum: np.ndarray
     peak: np.ndarray         # per layer: a recomputed layer's full activations (selective:
     gathered: np.ndarray     # its attention matrices); per layer: parameter bytes gathered
-    checkpoint: bool         # full recomputation (selective adds its forward to c_t)
+    checkpoint: bool         # full recomputation (selective adds its forward to T)
     _sparse: tuple = None        # sparse tables of both per-layer maxima (built on first use)
 
     def sparse(self) -> tuple[np.ndarray, np.ndarray]:
@@ -345,36 +354,37 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
     """``checkpoint``: False, True (full recomputation of the blocks) or 'selective'."""
     order, kidx, pairs, pidx, is_block = ev.ms.layer_index
     n_layers = len(kidx)
-    sel = [(kt[k], pick[k]) for k in order]
-
-    def per_layer(field: str) -> np.ndarray:        # each layer takes its kind's pick
-        return np.array([getattr(t, field)[s] for t, s in sel], dtype=float)[kidx]
-
+    # each layer takes its kind's pick: (L, 13) columns of KindTable.columns
+    per = np.stack([kt[k].columns[pick[k]] for k in order])[kidx]
+    f, b, cf, cb, act_full, kept, gath, sf, sact = per[:, :9].T
     rec = is_block & (checkpoint is True)
     part = is_block & (checkpoint == "selective")
-    f, b, cf, cb = (per_layer(x) for x in ("f", "b", "cf", "cb"))
-    act_full, kept, gath = per_layer("act"), per_layer("kept"), per_layer("gathered")
     if part.any():             # the attention core: recomputed, its matrices not kept
-        sf, sact = per_layer("sf"), per_layer("sact")
         b = b + np.where(part, sf, 0.0)
         act_full = np.where(part, act_full - sact, act_full)
         peak_sel = np.where(part, sact, 0.0)
     else:
         peak_sel = np.zeros(n_layers)
-    psi = per_layer("psi")
-    trans = np.zeros(n_layers)
-    trans_f = np.zeros(n_layers)
+    psi = per[:, 9:]
+    cols = np.empty((n_layers + 1, PSI + len(BUCKETS)))
+    cols[0] = 0.0
+    body = cols[1:]
+    body[:, T] = f + b + cf + cb
+    body[:, RF] = f + cf
+    body[:, TR] = 0.0
+    body[:, TRF] = 0.0
     if n_layers > 1:           # the transition into layer l, per distinct (kind, next kind)
         tt = np.array([ev.transition_time(ka, kb, mesh, micro_batch,
                                           kt[ka].layouts[pick[ka]], kt[kb].layouts[pick[kb]])
                        for ka, kb in pairs], dtype=float)
-        trans[1:] = tt[pidx, 0] + tt[pidx, 1]
-        trans_f[1:] = tt[pidx, 0]
-    z1 = lambda x: np.concatenate([[0.0], np.cumsum(x)])          # noqa: E731
-    return LayerArrays(z1(f + b + cf + cb), z1(f + cf), z1(trans), z1(trans_f), z1(b), z1(f + b),
-                       z1(np.where(rec, kept, act_full)),
-                       np.vstack([np.zeros(len(BUCKETS)), np.cumsum(psi, axis=0)]),
-                       np.where(rec, act_full, peak_sel), gath, checkpoint is True)
+        body[1:, TR] = tt[pidx, 0] + tt[pidx, 1]
+        body[1:, TRF] = tt[pidx, 0]
+    body[:, BWD] = b
+    body[:, FB] = f + b
+    body[:, ACT] = np.where(rec, kept, act_full)
+    body[:, PSI:] = psi
+    np.cumsum(body, axis=0, out=body)
+    return LayerArrays(cols, np.where(rec, act_full, peak_sel), gath, checkpoint is True)
 
 
 @dataclass
@@ -422,24 +432,23 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
     synced = [k for k, g in enumerate(groups) if g.size > 1]
     dsize = np.array([g.size for g in groups], dtype=float)
     div = np.where(dsize > 1, dsize, 1.0)
-    stack = lambda name: np.array([getattr(la, name) for la in las])    # noqa: E731
-    c_t, c_tr = stack("c_t"), stack("c_tr")
-    t = c_t[:, b] - c_t[:, a] + (c_tr[:, b] - c_tr[:, a + 1])
+    cum = np.stack([la.cum for la in las])              # (K, L + 1, columns)
+    hi, lo = cum[:, b], cum[:, a]
+    d = hi - lo                                           # (K, P, columns): [a, b) sums
+    tr = hi[..., TR:TRF + 1] - cum[:, a + 1, TR:TRF + 1]  # transitions inside [a, b)
+    t = d[..., T] + tr[..., 0]
     ck = np.array([la.checkpoint for la in las])
     if ck.any():
-        c_rf, c_trf = stack("c_rf"), stack("c_trf")
-        t = np.where(ck[:, None], t + c_rf[:, b] - c_rf[:, a] + (c_trf[:, b] - c_trf[:, a + 1]),
-                     t)
-    c_b, c_fb, c_psi, c_act = stack("c_b"), stack("c_fb"), stack("c_psi"), stack("c_act")
-    bwd = c_b[:, b] - c_b[:, a]
-    fb = c_fb[:, b] - c_fb[:, a]
-    ps = c_psi[:, b] - c_psi[:, a]
+        t = np.where(ck[:, None], t + hi[..., RF] - lo[..., RF] + tr[..., 1], t)
+    bwd = d[..., BWD]
+    fb = d[..., FB]
+    ps = np.ascontiguousarray(d[..., PSI:])
     sync = np.zeros(bwd.shape)
     gather = np.zeros(bwd.shape)
     for k in synced:
         sync += _coll_vec(_line(ev, "all_reduce", groups[k]), ps[..., k] * REDUCE_BYTES)
         gather += _coll_vec(_line(ev, "all_gather", groups[k]), ps[..., k] * ev.cm.param_bytes)
-    act = c_act[:, b] - c_act[:, a]
+    act = d[..., ACT]
     level = np.floor(np.log2(b - a)).astype(int)          # sparse tables (LayerArrays)
     span = 1 << level
     tables = [la.sparse() for la in las]
