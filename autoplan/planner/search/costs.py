@@ -156,6 +156,7 @@ class CostModel:
         self._coll_cache: dict[tuple, float | tuple[float, float]] = {}
         self._struct_cache: dict[tuple, list] = {}
         self._packed_cache: dict[tuple, PackedAnchor] = {}
+        self._tensor_edges: dict[tuple, list[TensorEdge]] = {}
         self._edge_cache: dict[tuple, tuple] = {}
         self._names = list(graph.nodes)
 
@@ -253,7 +254,18 @@ class CostModel:
             for key, (rows, vals) in pk.i_specs.items():
                 pairs = vals if everyone else _kept(rows, vals, keep)
                 in_info[key] = (ai, [v[0] for v in pairs], [v[1] for v in pairs])
-        index = {a: i for i, a in enumerate(anchors)}
+        key = (kg.kind, kg.layer, micro_batch)      # the same on every mesh
+        edges = self._tensor_edges.get(key)
+        if edges is None:
+            edges = self._tensor_edges[key] = self._layer_edges(kg, nodes, scale_b)
+        return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
+                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
+                         tp_mm, extra)
+
+    def _layer_edges(self, kg: KindGraph, nodes: list, scale_b: float) -> list[TensorEdge]:
+        """The tensors between different anchors of ``kg``'s layer, at micro-batch scale
+        ``scale_b``."""
+        index = {a: i for i, a in enumerate(kg.anchors)}
         edges = []
         for m, info in enumerate(kg.ops):
             if m in kg.param_chain or kg.anchor_of[m] not in index:
@@ -269,9 +281,7 @@ class CostModel:
                 nbytes = meta.nbytes * (scale_b if _scaled(info.input_shapes[q], meta)
                                         else 1.0)
                 edges.append(TensorEdge(u, src.ref, src.output, v, m, q, nbytes))
-        return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
-                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
-                         tp_mm, extra)
+        return edges
 
     def _packed(self, kg: KindGraph, sizes: tuple[int, int], exported: frozenset[int],
                 ai: int) -> PackedAnchor:
