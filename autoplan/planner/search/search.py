@@ -174,9 +174,13 @@ class _Workspace:
 
     def layer_arrays(self, micro_batch: int):
         def get(mesh: LogicalMesh, kt: dict, pick: dict[str, int], ck: bool) -> LayerArrays:
-            key = (mesh, micro_batch, tuple(sorted(pick.items())), ck)
+            layouts = tuple(sorted(pick.items()))
+            key = (mesh, micro_batch, layouts, ck)
             if key not in self.arrays:
-                self.arrays[key] = layer_arrays(self.ev, mesh, micro_batch, kt, pick, ck)
+                # recomputed: from the same layouts' plain arrays (layer_arrays' plain)
+                plain = get(mesh, kt, pick, False) if ck is not False else None
+                self.arrays[key] = layer_arrays(self.ev, mesh, micro_batch, kt, pick, ck,
+                                                plain=plain)
             return self.arrays[key]
         return get
 

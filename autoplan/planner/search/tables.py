@@ -328,6 +328,7 @@ class LayerArrays:
     gathered: np.ndarray     # its attention matrices); per layer: parameter bytes gathered
     checkpoint: bool         # full recomputation (selective adds its forward to T)
     _sparse: tuple = None        # sparse tables of both per-layer maxima (built on first use)
+    per: np.ndarray = None       # (L, 13) each layer's KindTable.columns (layer_arrays)
 
     def sparse(self) -> tuple[np.ndarray, np.ndarray]:
         """Sparse tables of (peak, gathered): level k holds the maximum over [i, i + 2^k),
@@ -350,41 +351,61 @@ def _sparse_table(x: np.ndarray) -> np.ndarray:
 
 
 def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
-                 pick: dict[str, int], checkpoint: bool | str) -> LayerArrays:
-    """``checkpoint``: False, True (full recomputation of the blocks) or 'selective'."""
+                 pick: dict[str, int], checkpoint: bool | str,
+                 plain: LayerArrays | None = None) -> LayerArrays:
+    """``checkpoint``: False, True (full recomputation of the blocks) or 'selective'.
+    ``plain``: the same layouts' arrays without recomputation, if at hand: recomputation
+    changes only the columns it touches (ACT; selective also T, BWD, FB), so the rest --
+    the per-layer gather, the transitions, their prefix sums -- is taken from it."""
     order, kidx, pairs, pidx, is_block = ev.ms.layer_index
     n_layers = len(kidx)
-    # each layer takes its kind's pick: (L, 13) columns of KindTable.columns
-    per = np.stack([kt[k].columns[pick[k]] for k in order])[kidx]
+    if plain is not None and checkpoint is not False:
+        per = plain.per
+    else:
+        plain = None
+        # each layer takes its kind's pick: (L, 13) columns of KindTable.columns
+        per = np.stack([kt[k].columns[pick[k]] for k in order])[kidx]
     f, b, cf, cb, act_full, kept, gath, sf, sact = per[:, :9].T
     rec = is_block & (checkpoint is True)
     part = is_block & (checkpoint == "selective")
-    if part.any():             # the attention core: recomputed, its matrices not kept
+    selective = bool(part.any())
+    if selective:              # the attention core: recomputed, its matrices not kept
         b = b + np.where(part, sf, 0.0)
         act_full = np.where(part, act_full - sact, act_full)
         peak_sel = np.where(part, sact, 0.0)
     else:
         peak_sel = np.zeros(n_layers)
-    psi = per[:, 9:]
-    cols = np.empty((n_layers + 1, PSI + len(BUCKETS)))
-    cols[0] = 0.0
-    body = cols[1:]
-    body[:, T] = f + b + cf + cb
-    body[:, RF] = f + cf
-    body[:, TR] = 0.0
-    body[:, TRF] = 0.0
-    if n_layers > 1:           # the transition into layer l, per distinct (kind, next kind)
-        tt = np.array([ev.transition_time(ka, kb, mesh, micro_batch,
-                                          kt[ka].layouts[pick[ka]], kt[kb].layouts[pick[kb]])
-                       for ka, kb in pairs], dtype=float)
-        body[1:, TR] = tt[pidx, 0] + tt[pidx, 1]
-        body[1:, TRF] = tt[pidx, 0]
-    body[:, BWD] = b
-    body[:, FB] = f + b
+    if plain is not None:
+        cols = plain.cum.copy()
+        body = cols[1:]
+        touched = [ACT] + ([T, BWD, FB] if selective else [])
+    else:
+        cols = np.empty((n_layers + 1, PSI + len(BUCKETS)))
+        cols[0] = 0.0
+        body = cols[1:]
+        touched = list(range(cols.shape[1]))
+        body[:, RF] = f + cf
+        body[:, TR] = 0.0
+        body[:, TRF] = 0.0
+        if n_layers > 1:       # the transition into layer l, per distinct (kind, next kind)
+            tt = np.array([ev.transition_time(ka, kb, mesh, micro_batch, kt[ka].layouts[pick[ka]],
+                                              kt[kb].layouts[pick[kb]])
+                           for ka, kb in pairs], dtype=float)
+            body[1:, TR] = tt[pidx, 0] + tt[pidx, 1]
+            body[1:, TRF] = tt[pidx, 0]
+        body[:, PSI:] = per[:, 9:]
+    if T in touched:
+        body[:, T] = f + b + cf + cb
+        body[:, BWD] = b
+        body[:, FB] = f + b
     body[:, ACT] = np.where(rec, kept, act_full)
-    body[:, PSI:] = psi
-    np.cumsum(body, axis=0, out=body)
-    return LayerArrays(cols, np.where(rec, act_full, peak_sel), gath, checkpoint is True)
+    if len(touched) == cols.shape[1]:
+        np.cumsum(body, axis=0, out=body)
+    else:
+        for c in touched:
+            body[:, c] = np.cumsum(body[:, c])
+    return LayerArrays(cols, np.where(rec, act_full, peak_sel), gath, checkpoint is True,
+                       per=per)
 
 
 @dataclass
