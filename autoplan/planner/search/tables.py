@@ -327,26 +327,20 @@ class LayerArrays:
     peak: np.ndarray         # per layer: a recomputed layer's full activations (selective:
     gathered: np.ndarray     # its attention matrices); per layer: parameter bytes gathered
     checkpoint: bool         # full recomputation (selective adds its forward to T)
-    _sparse: tuple = None        # sparse tables of both per-layer maxima (built on first use)
     per: np.ndarray = None       # (L, 13) each layer's KindTable.columns (layer_arrays)
-
-    def sparse(self) -> tuple[np.ndarray, np.ndarray]:
-        """Sparse tables of (peak, gathered): level k holds the maximum over [i, i + 2^k),
-        so the maximum over [a, b) is that of levels floor(log2(b - a)) at a and at
-        b - 2^k (:func:`range_base`)."""
-        if self._sparse is None:
-            self._sparse = (_sparse_table(self.peak), _sparse_table(self.gathered))
-        return self._sparse
 
 
 def _sparse_table(x: np.ndarray) -> np.ndarray:
-    n = len(x)
+    """Sparse table of the rows of ``x`` (K, n): (K, levels, n), level k holding the
+    maximum over [i, i + 2^k), so the maximum over [a, b) is that of level
+    floor(log2(b - a)) at a and at b - 2^k (:func:`range_base`)."""
+    rows, n = x.shape
     levels = max(1, int(np.floor(np.log2(max(n, 1)))) + 1)
-    out = np.zeros((levels, n))
-    out[0] = x
+    out = np.zeros((rows, levels, n))
+    out[:, 0] = x
     for k in range(1, levels):
         half = 1 << (k - 1)
-        out[k, :n - half] = np.maximum(out[k - 1, :n - half], out[k - 1, half:])
+        out[:, k, :n - half] = np.maximum(out[:, k - 1, :n - half], out[:, k - 1, half:])
     return out
 
 
@@ -470,11 +464,10 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
         sync += _coll_vec(_line(ev, "all_reduce", groups[k]), ps[..., k] * REDUCE_BYTES)
         gather += _coll_vec(_line(ev, "all_gather", groups[k]), ps[..., k] * ev.cm.param_bytes)
     act = d[..., ACT]
-    level = np.floor(np.log2(b - a)).astype(int)          # sparse tables (LayerArrays)
+    level = np.floor(np.log2(b - a)).astype(int)          # sparse tables (_sparse_table)
     span = 1 << level
-    tables = [la.sparse() for la in las]
-    peak_t = np.array([tp for tp, _ in tables])
-    gath_t = np.array([tg for _, tg in tables])
+    peak_t = _sparse_table(np.stack([la.peak for la in las]))
+    gath_t = _sparse_table(np.stack([la.gathered for la in las]))
     peak = np.maximum(peak_t[:, level, a], peak_t[:, level, b - span])
     gathered = np.maximum(gath_t[:, level, a], gath_t[:, level, b - span])
     out_bytes = ev.output_bytes[np.maximum(b - 1, 0)]
