@@ -472,7 +472,17 @@ class Estimator:
         summed in :meth:`chunks`' order as ``compose`` sums them; T_c is
         :attr:`ChunkCost.time <autoplan.cost.step.ChunkCost.time>` of a chunk holding only
         the terms that time reads (no parameter buckets, no memory)."""
-        ranges = split_layers(self.graph, pp * v)
+        times = self._chunk_times(tp, sp, micro_batch, recompute, pp * v, pp_per_node, ep, cp,
+                                  overlap)
+        rank = [sum(times[d::pp]) for d in range(pp)]
+        return sum(rank), max(rank)
+
+    @functools.lru_cache(maxsize=None)
+    def _chunk_times(self, tp: int, sp: bool, micro_batch: int, recompute: str, chunks: int,
+                     pp_per_node: int, ep: int, cp: int, overlap: int) -> tuple[float, ...]:
+        """T_c of each of the ``chunks`` chunks (:meth:`_rank_times`): the same for every
+        (pp, v) with pp v = ``chunks`` (:func:`split_layers` depends on the product only)."""
+        ranges = split_layers(self.graph, chunks)
         times = []
         for c, (a, b) in enumerate(ranges):
             (fwd, bwd, tp_f, tp_b, *_, core, gemm_f, gemm_b) = self._layers(
@@ -481,8 +491,7 @@ class Estimator:
             times.append(ChunkCost(fwd, bwd, tp_f, tp_b, send, 0.0, 0.0, recompute == "full",
                                    (), 0.0, 0, 1, selective=core, tp_overlap=overlap,
                                    gemm_fwd=gemm_f, gemm_bwd=gemm_b).time)
-        rank = [sum(times[d::pp]) for d in range(pp)]
-        return sum(rank), max(rank)
+        return tuple(times)
 
     # ---- one configuration ---------------------------------------------------------------
     def chunks(self, p: ParallelConfig) -> list[ChunkCost]:

@@ -32,6 +32,7 @@ compute.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import Counter
@@ -62,6 +63,21 @@ class ModelStructure:
     transitions: dict[tuple[str, str], list[Transition]]
     is_block: list[bool]
     seconds: float = 0.0
+
+    @functools.cached_property
+    def layer_index(self) -> tuple[list[str], np.ndarray, list[tuple[str, str]], np.ndarray,
+                                   np.ndarray]:
+        """(kinds in order of first use, each layer's index into them, the distinct (kind,
+        next kind) pairs, each layer boundary l = 1 .. L - 1's index into them, is_block as
+        an array): what per-layer arrays are gathered by (:func:`.tables.layer_arrays`)."""
+        order = list(dict.fromkeys(self.layer_kind))
+        of = {k: i for i, k in enumerate(order)}
+        kidx = np.array([of[k] for k in self.layer_kind], dtype=np.int64)
+        pair_of: dict[tuple[str, str], int] = {}
+        pidx = [pair_of.setdefault((a, b), len(pair_of))
+                for a, b in zip(self.layer_kind, self.layer_kind[1:])]
+        return (order, kidx, list(pair_of), np.array(pidx, dtype=np.int64),
+                np.array(self.is_block, dtype=bool))
 
     def exported(self, kind: str) -> frozenset[int]:
         """Ops of ``kind`` whose outputs the next layer reads."""

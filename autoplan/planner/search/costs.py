@@ -58,6 +58,7 @@ from autoplan.graph import OpGraph
 from autoplan.placement import shard_dim
 from autoplan.planner.search.kinds import KindGraph, members
 from autoplan.planner.search.mesh import LogicalMesh
+from autoplan.planner.search.packed import Internal, PackedAnchor
 from autoplan.planner.search.conversions import (Conversion, conversions, grad_spec,  # noqa: F401
                                                  required_grad, splits)
 from autoplan.planner.search.strategies import AXES, Spec
@@ -154,6 +155,8 @@ class CostModel:
         self._op_cache: dict[tuple[str, float], tuple[float, float]] = {}
         self._coll_cache: dict[tuple, float | tuple[float, float]] = {}
         self._struct_cache: dict[tuple, list] = {}
+        self._packed_cache: dict[tuple, PackedAnchor] = {}
+        self._tensor_edges: dict[tuple, list[TensorEdge]] = {}
         self._edge_cache: dict[tuple, tuple] = {}
         self._names = list(graph.nodes)
 
@@ -221,72 +224,48 @@ class CostModel:
         names = self.layer_nodes(kg)
         nodes = [self.graph.nodes[n] for n in names]
         scale_b = micro_batch / self.b0
-        structure = self._structure(kg, mesh.shape, exported)
         anchors = kg.anchors
         cand, fwd, bwd, act, psi, gathered, out_specs = [], [], [], [], [], [], []
         cfwd, cbwd, internal, tp_mm, extra = [], [], [], [], []
-        core, gemms = self._core_and_gemms
         in_info: dict[tuple[int, int], tuple[int, list, list]] = {}
         for ai, a in enumerate(anchors):
-            keep, f_l, b_l, act_l, psi_l, g_l, mm_l, ex_l = [], [], [], [], [], [], [], []
-            cf_l, cb_l, in_l = [], [], []
-            outs: dict[tuple[int, int], list] = {}
-            ins: dict[tuple[int, int], tuple[list, list]] = {}
-            for k, rec in structure[ai]:
-                if not all(_int_divides(dim * scale_b, n) for dim, _, n in rec.checks):
-                    continue
-                f = b = cof = gf = gb = 0.0
-                for name, tp, batch_split, batchy in rec.ops:
-                    tf, tb = self.op_time(name, tp, scale_b / batch_split if batchy else 1.0)
-                    f += tf
-                    b += tb
-                    if name in core:
-                        cof += tf
-                    if name in gemms:
-                        gf += tf
-                        gb += tb
-                moves = [(d, c, ax, nb * (scale_b if sc else 1.0) / div)
-                         for d, c, ax, nb, sc, div in rec.moves]
-                keep.append(k)
-                in_l.append(moves)
-                cf_l.append(sum(self.coll(c, x, mesh.group((ax,)))
-                                for d, c, ax, x in moves if d == "fwd"))
-                cb_l.append(sum(self.coll(c, x, mesh.group((ax,)))
-                                for d, c, ax, x in moves if d == "bwd"))
-                f_l.append(f)
-                b_l.append(b)
-                act_l.append(sum(nb * (scale_b if batchy else 1.0) / shard
-                                 for nb, batchy, shard, _ in rec.saved))
-                ex_l.append((cof, sum(nb * (scale_b if batchy else 1.0) / shard
-                                      for nb, batchy, shard, attn in rec.saved if attn), gf, gb))
-                psi_l.append(rec.pvec)
-                g_l.append(rec.gbytes)
-                mm_l.append(rec.tp_matmuls)
-                for key, spec in rec.o_specs.items():
-                    outs.setdefault(key, []).append(spec)
-                for key, val in rec.i_specs.items():
-                    ins.setdefault(key, ([], []))
-                    ins[key][0].append(val[0])
-                    ins[key][1].append(val[1])
-            if not keep:
+            pk = self._packed(kg, mesh.shape, exported, ai)
+            keep = pk.valid(scale_b)
+            if not len(keep):
                 raise ValueError(f"op {kg.ops[a].name} ({kg.ops[a].op}) has no placement "
                                  f"valid on a {mesh.label()} mesh at micro-batch "
                                  f"{micro_batch}")
-            cand.append(np.array(keep))
-            fwd.append(np.array(f_l))
-            bwd.append(np.array(b_l))
-            cfwd.append(np.array(cf_l))
-            cbwd.append(np.array(cb_l))
-            internal.append(in_l)
-            act.append(np.array(act_l))
-            psi.append(np.array(psi_l).reshape(len(keep), len(BUCKETS)))
-            gathered.append(np.array(g_l))
-            tp_mm.append(np.array(mm_l, dtype=int))
-            extra.append(np.array(ex_l).reshape(len(keep), EXTRA))
-            out_specs.append(outs)
-            for key, (specs, spl) in ins.items():
-                in_info[key] = (ai, specs, spl)
-        index = {a: i for i, a in enumerate(anchors)}
+            pr = pk.price(self, mesh, scale_b)
+            cand.append(pk.ks[keep])
+            fwd.append(pr["fwd"][keep])
+            bwd.append(pr["bwd"][keep])
+            cfwd.append(pr["cf"][keep])
+            cbwd.append(pr["cb"][keep])
+            internal.append(Internal(pk, keep, scale_b))
+            act.append(pr["act"][keep])
+            psi.append(pk.pvec[keep].reshape(len(keep), len(BUCKETS)))
+            gathered.append(pk.gbytes[keep])
+            tp_mm.append(pk.tp_matmuls[keep])
+            extra.append(np.stack([pr["cof"][keep], pr["attn"][keep], pr["gf"][keep],
+                                   pr["gb"][keep]], axis=1).reshape(len(keep), EXTRA))
+            everyone = len(keep) == pk.n
+            out_specs.append({key: vals if everyone else _kept(rows, vals, keep)
+                              for key, (rows, vals) in pk.o_specs.items()})
+            for key, (rows, vals) in pk.i_specs.items():
+                pairs = vals if everyone else _kept(rows, vals, keep)
+                in_info[key] = (ai, [v[0] for v in pairs], [v[1] for v in pairs])
+        key = (kg.kind, kg.layer, micro_batch)      # the same on every mesh
+        edges = self._tensor_edges.get(key)
+        if edges is None:
+            edges = self._tensor_edges[key] = self._layer_edges(kg, nodes, scale_b)
+        return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
+                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
+                         tp_mm, extra)
+
+    def _layer_edges(self, kg: KindGraph, nodes: list, scale_b: float) -> list[TensorEdge]:
+        """The tensors between different anchors of ``kg``'s layer, at micro-batch scale
+        ``scale_b``."""
+        index = {a: i for i, a in enumerate(kg.anchors)}
         edges = []
         for m, info in enumerate(kg.ops):
             if m in kg.param_chain or kg.anchor_of[m] not in index:
@@ -302,9 +281,17 @@ class CostModel:
                 nbytes = meta.nbytes * (scale_b if _scaled(info.input_shapes[q], meta)
                                         else 1.0)
                 edges.append(TensorEdge(u, src.ref, src.output, v, m, q, nbytes))
-        return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
-                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
-                         tp_mm, extra)
+        return edges
+
+    def _packed(self, kg: KindGraph, sizes: tuple[int, int], exported: frozenset[int],
+                ai: int) -> PackedAnchor:
+        """Anchor ``ai``'s :meth:`_structure` as arrays (:mod:`.packed`), cached alike."""
+        key = (kg.kind, kg.layer, sizes, exported, ai)
+        hit = self._packed_cache.get(key)
+        if hit is None:
+            hit = self._packed_cache[key] = PackedAnchor(
+                self._structure(kg, sizes, exported)[ai], *self._core_and_gemms)
+        return hit
 
     def _structure(self, kg: KindGraph, sizes: tuple[int, int], exported: frozenset[int]
                    ) -> list[list[tuple[int, "_Candidate"]]]:
@@ -454,8 +441,10 @@ def _scaled(shape_probe, meta) -> bool:
     return tuple(shape_probe) != tuple(meta.shape)
 
 
-def _int_divides(x: float, n: int) -> bool:
-    return x == int(x) and int(x) % n == 0
+def _kept(rows: np.ndarray, vals: list, keep: np.ndarray) -> list:
+    """``vals`` (one per row in ``rows``) of the rows in ``keep``, in order."""
+    kept = set(keep.tolist())
+    return [v for r, v in zip(rows.tolist(), vals) if r in kept]
 
 
 def gathered_axes(move: tuple[Spec, Spec] | None) -> set[int]:

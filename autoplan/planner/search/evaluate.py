@@ -101,6 +101,7 @@ class Evaluator:
         self.b0 = ms.graph.batch.batch_size
         self._kc: dict[tuple[str, LogicalMesh, int], KindCosts] = {}
         self._trans: dict[tuple, tuple[float, float]] = {}
+        self._edge_plans: dict[tuple, tuple[list, dict]] = {}
         self.output_bytes = np.array([l.stats.output_bytes for l in ms.graph.layers],
                                      dtype=float)
         prov = cm.provenance
@@ -120,16 +121,17 @@ class Evaluator:
     def _edge_buckets(self, kc_u: KindCosts, kc_v: KindCosts, edges: list[TensorEdge],
                       cu: tuple[int, ...], cv: tuple[int, ...], fwd: Buckets, bwd: Buckets,
                       moved: dict[int, tuple[int, ...]],
-                      counts: dict | None = None) -> None:
+                      counts: dict | None = None, adds: list | None = None) -> None:
         """Add the collectives of ``edges`` under choices ``cu``/``cv``; Partial gradients
         into one producer group (a tensor and its views) summed once; Partial gradients into
         a sink deferred (``moved``: anchor of the sink -> extra sync axes). ``counts``
         (bucket -> collectives) counts a gradient summed once for several consumers once
-        per consumer, as per-module DTensor issues them (:meth:`cpu_layer_time`)."""
+        per consumer, as per-module DTensor issues them (:meth:`cpu_layer_time`). ``adds``
+        (a list) records each bucket addition as (direction, bucket, edge index, divisor)."""
         shape = kc_v.mesh.shape
         done: set[tuple[int, int]] = set()
         tally = counts if counts is not None else {}
-        for e in edges:
+        for ei, e in enumerate(edges):
             src = kc_u.out_spec[e.u][(e.p, e.o)][cu[e.u]]
             _, dsts, spl = kc_v.in_info[(e.m, e.q)]
             dst, sp = dsts[cv[e.v]], spl[cv[e.v]]
@@ -139,6 +141,8 @@ class Evaluator:
                 key = ("fwd", c.collective, c.axis)
                 fwd[key] = fwd.get(key, 0.0) + e.nbytes / c.divisor
                 tally[key] = tally.get(key, 0) + 1
+                if adds is not None:
+                    adds.append(("fwd", key, ei, c.divisor))
             g, r = grad_spec(dst, sp), required_grad(src)
             for c in conversions(g, r, shape):
                 key = ("bwd", c.collective, c.axis)
@@ -155,6 +159,8 @@ class Evaluator:
                 else:
                     tally[key] = tally.get(key, 0) + 1
                 bwd[key] = bwd.get(key, 0.0) + e.nbytes / c.divisor
+                if adds is not None:
+                    adds.append(("bwd", key, ei, c.divisor))
 
     def layer_buckets(self, kind: str, mesh: LogicalMesh, micro_batch: int,
                       choice: tuple[int, ...], counts: dict | None = None
@@ -169,7 +175,22 @@ class Evaluator:
                 if counts is not None:
                     counts[(d, coll, axis)] = counts.get((d, coll, axis), 0) + 1
         moved: dict[int, tuple[int, ...]] = {}
-        self._edge_buckets(kc, kc, kc.edges, choice, choice, fwd, bwd, moved, counts)
+        if counts is not None:
+            self._edge_buckets(kc, kc, kc.edges, choice, choice, fwd, bwd, moved, counts)
+            return fwd, bwd, moved
+        # the layer's edges do the same collectives at every micro-batch, only their bytes
+        # scale: their sequence of bucket additions is kept per (kind, mesh, strategies)
+        # and replayed with this micro-batch's bytes, term for term
+        strategies = tuple(int(kc.cand[ai][j]) for ai, j in enumerate(choice))
+        key = (kind, mesh, strategies)
+        plan = self._edge_plans.get(key)
+        if plan is None:
+            plan = self._edge_plans[key] = _record_edge_plan(self, kc, choice)
+        adds, moved_plan = plan
+        for d, bucket, e, div in adds:
+            target = fwd if d == "fwd" else bwd
+            target[bucket] = target.get(bucket, 0.0) + kc.edges[e].nbytes / div
+        moved.update(moved_plan)
         return fwd, bwd, moved
 
     def transition_buckets(self, ka: str, kb: str, mesh: LogicalMesh, micro_batch: int,
@@ -420,3 +441,17 @@ class Evaluator:
         """Consecutive stages talk inside a node when both fit in one (the Estimator's
         rule for pipeline sends)."""
         return self.cm.cluster.nodes > 1 and a_size + b_size > self.cm.cluster.devices_per_node
+
+
+def _record_edge_plan(ev: Evaluator, kc: KindCosts, choice: tuple[int, ...]
+                      ) -> tuple[list, dict]:
+    """The additions :meth:`Evaluator._edge_buckets` makes for ``kc``'s own edges under
+    ``choice``, as (direction, bucket, edge index, divisor), in order, and the sinks'
+    deferred axes: everything but the bytes, which are the edges' own at each micro-batch
+    (``edge.nbytes / divisor``), recorded by running it once."""
+    fwd: Buckets = {}
+    bwd: Buckets = {}
+    moved: dict[int, tuple[int, ...]] = {}
+    adds: list = []
+    ev._edge_buckets(kc, kc, kc.edges, choice, choice, fwd, bwd, moved, adds=adds)
+    return adds, moved

@@ -49,21 +49,30 @@ class DpResult:
     stages: tuple[StagePick, ...]        # in pipeline order
 
 
-def stage_dp(stage_time: np.ndarray, total_devices: int, t_max: float) -> np.ndarray:
+def stage_dp(stage_time: np.ndarray, total_devices: int, t_max: float,
+             lows: np.ndarray | None = None) -> np.ndarray:
     """F[s, i, d] (module docstring) for stage latencies ``stage_time`` of shape
-    (S + 1, U, U + 1, V + 1), entries above ``t_max`` excluded."""
+    (S + 1, U, U + 1, V + 1), entries above ``t_max`` excluded; ``lows``: its minimum per
+    (s, n) (``stage_time.min(axis=(1, 2))``, computed if not given)."""
     s_max1, units, _, v1 = stage_time.shape
     assert v1 == total_devices + 1
-    t = np.where(stage_time <= t_max, stage_time, INF)
-    sizes = [n for n in range(1, v1) if np.isfinite(t[:, :, :, n]).any()]
+    if lows is None:
+        lows = stage_time.min(axis=(1, 2))
+    usable = lows <= t_max                                      # [s, n]: any entry allowed
+    sizes = [n for n in range(1, v1) if usable[:, n].any()]
     f = np.full((s_max1, units + 1, v1), INF)
     f[0, units, 0] = 0.0
     for s in range(1, s_max1):
-        prev = f[s - 1]                                         # [j, d']
-        if not np.isfinite(prev).any():
+        # the units j where the stages after this one can start (inf rows change nothing)
+        js = np.flatnonzero(np.isfinite(f[s - 1]).any(axis=1))
+        if not js.size:
             break
+        prev = f[s - 1][js]                                     # [j, d']
         for n in sizes:
-            a = t[s, :, :, n]                                   # [i, j]
+            if not usable[s, n]:               # (all inf: would change nothing)
+                continue
+            a = stage_time[s][:, js, n]                         # [i, j]
+            a = np.where(a <= t_max, a, INF)
             # best[i, d] = min_j a[i, j] + prev[j, d - n]
             best = (a[:, :, None] + prev[None, :, :v1 - n]).min(axis=1)
             np.minimum(f[s, :units, n:], best, out=f[s, :units, n:])
@@ -73,14 +82,14 @@ def stage_dp(stage_time: np.ndarray, total_devices: int, t_max: float) -> np.nda
 def _trace(stage_time: np.ndarray, f: np.ndarray, t_max: float, s: int,
            total: int) -> tuple[StagePick, ...]:
     """Walk back through F: at each step the (j, n) that attains it."""
-    t = np.where(stage_time <= t_max, stage_time, INF)
     units = stage_time.shape[1]
     out, i, d = [], 0, total
     while s > 0:
         target = f[s, i, d]
         found = None
         for n in range(1, d + 1):
-            vals = t[s, i, :, n] + f[s - 1, :, d - n]
+            row = stage_time[s, i, :, n]
+            vals = np.where(row <= t_max, row, INF) + f[s - 1, :, d - n]
             j = int(np.argmin(vals))
             if np.isfinite(vals[j]) and abs(vals[j] - target) <= 1e-12 * max(1.0, abs(target)):
                 found = (j, n)
@@ -104,8 +113,10 @@ def pipeline_dp(stage_time: np.ndarray, total_devices: int, num_micro_batches: i
     m = num_micro_batches
     best: DpResult | None = None
 
+    lows = stage_time.min(axis=(1, 2))
+
     def run(t_max: float) -> DpResult | None:
-        f = stage_dp(stage_time, total_devices, t_max)
+        f = stage_dp(stage_time, total_devices, t_max, lows)
         col = f[:, 0, total_devices]
         if not np.isfinite(col).any():
             return None

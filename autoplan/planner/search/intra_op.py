@@ -56,7 +56,8 @@ import itertools
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -210,6 +211,7 @@ class IlpBuilder:
             raise RuntimeError(f"OR-Tools has no {backend} backend here")
         self.inf = self.s.infinity()
         self.obj: dict = {}                   # var -> objective coefficient
+        self.parts: list = []                 # (var, cost, memory or None): _cost's terms
         self.mem: dict = {}                   # var -> GB per unit
         self.x: list[list] = []
         self.zeta: list = []
@@ -222,11 +224,32 @@ class IlpBuilder:
         if coef:
             d[var] = d.get(var, 0.0) + float(coef)
 
+    def _cost(self, var, cost: float, mem: float | None = None) -> None:
+        """Objective term of ``var``: ``cost``, plus lambda x ``mem`` where it has memory
+        (kept apart so that :meth:`reweight` can set another lambda)."""
+        self.parts.append((var, cost, mem))
+        lam = self.p.mem_weight
+        self._add(self.obj, var, cost if mem is None else cost + lam * mem)
+
+    def reweight(self, mem_weight: float) -> None:
+        """Set the objective for memory weight ``mem_weight``, the model otherwise as
+        built: the same coefficients a build at that weight gives."""
+        objective = self.s.Objective()
+        coefs: dict = {}
+        for var, cost, mem in self.parts:
+            self._add(coefs, var, cost if mem is None else cost + mem_weight * mem)
+        for var, _, _ in self.parts:
+            objective.SetCoefficient(var, coefs.get(var, 0.0))
+        objective.SetMinimization()
+
     def _row(self, lb: float, ub: float, terms) -> None:
-        """lb <= sum(coef * var) <= ub."""
+        """lb <= sum(coef * var) <= ub (a variable's repeated terms summed, in order)."""
         ct = self.s.Constraint(lb, ub)
+        coefs: dict = {}
         for var, coef in terms:
-            ct.SetCoefficient(var, ct.GetCoefficient(var) + float(coef))
+            coefs[var] = coefs.get(var, 0.0) + float(coef)
+        for var, coef in coefs.items():
+            ct.SetCoefficient(var, coef)
 
     def build(self):
         self._add_choices()
@@ -244,13 +267,12 @@ class IlpBuilder:
     # ---- constraint families (module docstring) ------------------------------------------
     def _add_choices(self) -> None:
         p, s = self.p, self.s
-        lam = p.mem_weight
         for v, cost in enumerate(p.node_cost):
             xs = [s.BoolVar(f"x[{v},{j}]") for j in range(len(cost))]
             self._row(1, 1, [(x, 1) for x in xs])
             self.x.append(xs)
             for j, xv in enumerate(xs):
-                self._add(self.obj, xv, cost[j] + lam * p.node_mem[v][j])
+                self._cost(xv, cost[j], p.node_mem[v][j])
                 self._add(self.mem, xv, p.node_mem[v][j] / 1e9)
         self.zeta = [s.BoolVar(f"zero{z}") for z in range(ZERO_STAGES)]
         self._row(1, 1, [(z, 1) for z in self.zeta])
@@ -271,7 +293,7 @@ class IlpBuilder:
                         continue
                     var = s.NumVar(0.0, 1.0, f"e{k}[{i},{j}]")
                     pairs[(i, j)] = var
-                    self._add(self.obj, var, cost[i, j])
+                    self._cost(var, cost[i, j])
                     rows[i].append((var, 1))
                     cols[j].append((var, 1))
             for terms in rows + cols:
@@ -280,7 +302,6 @@ class IlpBuilder:
 
     def _add_zero(self) -> None:
         p, s = self.p, self.s
-        lam = p.mem_weight
         for v in sorted(set(p.zcost) | set(p.zmem)):
             k = len(p.node_cost[v])
             cost = p.zcost.get(v, np.zeros((k, ZERO_STAGES)))
@@ -290,7 +311,7 @@ class IlpBuilder:
                 for z in range(ZERO_STAGES):
                     var = s.NumVar(0.0, 1.0, f"w[{v},{j},{z}]")
                     pairs[(j, z)] = var
-                    self._add(self.obj, var, cost[j, z] + lam * mem[j, z])
+                    self._cost(var, cost[j, z], mem[j, z])
                     self._add(self.mem, var, mem[j, z] / 1e9)
             for j in range(k):
                 self._row(0, 0, [(pairs[(j, z)], 1) for z in range(ZERO_STAGES)]
@@ -306,7 +327,7 @@ class IlpBuilder:
                 if not g.cost[i]:
                     continue
                 y = s.NumVar(0.0, 1.0, f"y{g_i}[{i}]")
-                self._add(self.obj, y, g.cost[i])
+                self._cost(y, g.cost[i])
                 for k, mask in g.pairs:
                     for (a, b), var in self.e[k].items():
                         if a == i and mask[a, b]:
@@ -334,11 +355,10 @@ class IlpBuilder:
             self._row(0, self.inf, [(var, 1)] + [(x, -c) for x, c in a]
                       + [(x, (1.0 - h.c) * c) for x, c in b])
             self._row(0, self.inf, [(var, 1)] + [(x, -h.c * c) for x, c in a])
-            self._add(self.obj, var, h.weight)
+            self._cost(var, h.weight)
 
     def _add_memory(self) -> None:
         p, s = self.p, self.s
-        lam = p.mem_weight
         for k, fam in enumerate(p.mem_max):
             var = s.NumVar(0.0, self.inf, f"peak{k}")
             for lin in fam:
@@ -346,21 +366,52 @@ class IlpBuilder:
                 if terms:
                     self._row(0, self.inf, [(var, 1)] + [(x, -c) for x, c in terms])
             self._add(self.mem, var, 1.0)
-            self._add(self.obj, var, lam * 1e9)
+            self._cost(var, 0.0, 1e9)
         if math.isfinite(p.budget) and self.mem:
             self._row(-self.inf, p.budget / 1e9, list(self.mem.items()))
 
 
 def solve(problem: IntraOpProblem, *, time_limit_s: float = 60.0,
-          backend: str = "CBC") -> Solution:
-    """The optimum of ``problem`` (raises InfeasibleError with the binding memory if none).
+          backend: str = "CBC", explain: bool = True) -> Solution:
+    """The optimum of ``problem`` (raises InfeasibleError with the binding memory if none;
+    ``explain=False``: without it, skipping the second solve that finds that memory, for a
+    caller that drops the message).
 
     x and zeta are integer; the pair variables e, w, y are continuous in [0, 1] — with x and
     zeta integral the consistency constraints force them integral too, which keeps the
     branch-and-bound small."""
     t0 = time.perf_counter()
     builder = IlpBuilder(problem, backend)
-    solver = builder.build()
+    builder.build()
+    return _run(builder, problem, time_limit_s, explain, t0)
+
+
+def solve_weights(problem: IntraOpProblem, mem_weights: list[float], *,
+                  time_limit_s: Callable[[], float], backend: str = "CBC"
+                  ) -> Iterator[Solution | None]:
+    """:func:`solve` of ``problem`` at each memory weight in turn (None where infeasible),
+    the ILP built once: the weights change only the objective's coefficients
+    (:meth:`IlpBuilder.reweight`), and CBC solves each model from scratch, so each solution
+    is the one a fresh build would give. ``time_limit_s()`` is asked before each solve."""
+    builder = None
+    for i, w in enumerate(mem_weights):
+        t0 = time.perf_counter()
+        at = replace(problem, mem_weight=w)
+        if builder is None:
+            builder = IlpBuilder(at, backend)
+            builder.build()
+        else:
+            builder.p = at
+            builder.reweight(w)
+        try:
+            yield _run(builder, at, time_limit_s(), False, t0)
+        except InfeasibleError:
+            yield None
+
+
+def _run(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: float, explain: bool,
+         t0: float) -> Solution:
+    solver = builder.s
     solver.SetTimeLimit(int(time_limit_s * 1000))
     solver.SetNumThreads(1)
     t_build = time.perf_counter() - t0
@@ -374,7 +425,8 @@ def solve(problem: IntraOpProblem, *, time_limit_s: float = 60.0,
     log.info("intra-op ILP: %s; built in %.3f s, solved in %.3f s: %s",
              problem.describe(), t_build, seconds - t_build, name)
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        raise InfeasibleError(_infeasible_message(problem))
+        raise InfeasibleError(_infeasible_message(problem) if explain else
+                              "the intra-op ILP is infeasible")
     choice = [max(range(len(xs)), key=lambda j: xs[j].solution_value()) for xs in builder.x]
     z = max(range(ZERO_STAGES), key=lambda k: builder.zeta[k].solution_value())
     val = objective(problem, choice, z)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from autoplan.errors import InfeasibleError
 from autoplan.planner.search.compose import Composition, ModelStructure, build_problem
 from autoplan.planner.search.evaluate import Evaluator
-from autoplan.planner.search.intra_op import solve
+from autoplan.planner.search.intra_op import solve_weights
 from autoplan.planner.search.megatron import megatron_restrict
 from autoplan.planner.search.mesh import LogicalMesh
 
@@ -141,39 +141,59 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
                 runs.append((0.0, restrict, f"Megatron dp{mesh.shape[0]} tp{mesh.shape[1]}"
                                             + tag))
         work += [(mesh, micro_batch, m, costs, run) for run in runs]
+    # the memory weights of one mesh change only the ILP's objective: one build each
+    groups: list[list[int]] = []
+    for i, (mesh, _, _, _, (_, restrict, _)) in enumerate(work):
+        prev = work[groups[-1][0]] if groups else None
+        if restrict is None and prev is not None and prev[0] == mesh and prev[4][1] is None:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
     spent = 0.0
-    for i, (mesh, micro_batch, m, costs, (lam, restrict, origin)) in enumerate(work):
-        limit = max(MIN_SOLVE_S, min(time_limit_s, (budget_s - spent) / (len(work) - i)))
-        weight = 1e-9 if not math.isfinite(lam) else lam
+    for group in groups:
+        mesh, micro_batch, m, costs, (_, restrict, _) = work[group[0]]
+        weights = [1e-9 if not math.isfinite(work[i][4][0]) else work[i][4][0] for i in group]
         t0, c0 = time.perf_counter(), time.process_time()
         problem, dec = build_problem(ev.cm, ms, comp, mesh, micro_batch, micro_batches=m,
-                                     in_flight=1, checkpoint=False, mem_weight=weight,
+                                     in_flight=1, checkpoint=False, mem_weight=weights[0],
                                      costs=costs, restrict=restrict)
-        try:
-            sol = solve(problem, time_limit_s=limit, backend=backend)
-        except InfeasibleError:
-            continue
-        finally:
-            spent += time.process_time() - c0
-        seconds = time.perf_counter() - t0
-        lib.solves.append({"mesh": mesh.label(), "micro_batch": micro_batch,
-                           "origin": origin, "problem": problem.describe(),
-                           "seconds": seconds, "status": sol.status,
-                           "time_limit_s": limit})
-        log.info("library: %s: %s in %.2f s", origin, problem.describe(), seconds)
-        whole = []
-        for kind, _ in comp.counts:
-            kc = costs[kind]
-            sel = (restrict or {}).get(kind)
-            layout = []
-            for ai in range(len(kc.anchors)):
-                j = sol.choice[dec.offset[kind] + ai]
-                j = int(sel[ai][j]) if sel is not None else j
-                layout.append(int(kc.cand[ai][j]))
-            lib.add(kind, tuple(layout), origin)
-            whole.append((kind, tuple(layout)))
-        lib.solutions.append(tuple(whole))
-        lib.unweighted.append(lam == 0.0)
+        limits: list[float] = []
+
+        def limit() -> float:
+            i = group[len(limits)]
+            limits.append(max(MIN_SOLVE_S, min(time_limit_s,
+                                               (budget_s - spent) / (len(work) - i))))
+            return limits[-1]
+
+        solutions = solve_weights(problem, weights, time_limit_s=limit, backend=backend)
+        for i in group:
+            lam, _, origin = work[i][4]
+            try:
+                sol = next(solutions)
+            finally:
+                spent += time.process_time() - c0
+            seconds = time.perf_counter() - t0
+            t0, c0 = time.perf_counter(), time.process_time()
+            if sol is None:           # (nothing fits this mesh at this memory weight)
+                continue
+            lib.solves.append({"mesh": mesh.label(), "micro_batch": micro_batch,
+                               "origin": origin, "problem": problem.describe(),
+                               "seconds": seconds, "status": sol.status,
+                               "time_limit_s": limits[-1]})
+            log.info("library: %s: %s in %.2f s", origin, problem.describe(), seconds)
+            whole = []
+            for kind, _ in comp.counts:
+                kc = costs[kind]
+                sel = (restrict or {}).get(kind)
+                layout = []
+                for ai in range(len(kc.anchors)):
+                    j = sol.choice[dec.offset[kind] + ai]
+                    j = int(sel[ai][j]) if sel is not None else j
+                    layout.append(int(kc.cand[ai][j]))
+                lib.add(kind, tuple(layout), origin)
+                whole.append((kind, tuple(layout)))
+            lib.solutions.append(tuple(whole))
+            lib.unweighted.append(lam == 0.0)
     if not lib.layouts:
         raise InfeasibleError("no layout of the model's ops is valid on any mesh of this "
                               "cluster (the batch or the tensor dims do not divide)")

@@ -59,7 +59,7 @@ from autoplan.planner.search.evaluate import Evaluator, PipelineChoice, StageCho
 from autoplan.planner.search.inter_op import pipeline_dp
 from autoplan.planner.search.library import LAMBDAS, Library, build_library
 from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
-from autoplan.planner.search.tables import (INF, KindTable, LayerArrays, kind_table,
+from autoplan.planner.search.tables import (INF, Combos, KindTable, LayerArrays, kind_table,
                                      layer_arrays, priced_rows, range_table)
 from autoplan.schedule import runs_micro_batches
 
@@ -174,9 +174,13 @@ class _Workspace:
 
     def layer_arrays(self, micro_batch: int):
         def get(mesh: LogicalMesh, kt: dict, pick: dict[str, int], ck: bool) -> LayerArrays:
-            key = (mesh, micro_batch, tuple(sorted(pick.items())), ck)
+            layouts = tuple(sorted(pick.items()))
+            key = (mesh, micro_batch, layouts, ck)
             if key not in self.arrays:
-                self.arrays[key] = layer_arrays(self.ev, mesh, micro_batch, kt, pick, ck)
+                # recomputed: from the same layouts' plain arrays (layer_arrays' plain)
+                plain = get(mesh, kt, pick, False) if ck is not False else None
+                self.arrays[key] = layer_arrays(self.ev, mesh, micro_batch, kt, pick, ck,
+                                                plain=plain)
             return self.arrays[key]
         return get
 
@@ -207,7 +211,8 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     # selective recomputation saves nothing where no block keeps an attention matrix
     attn = any(l.stats.saved_bytes_attn for l in ms.graph.blocks())
     checkpoints = [ck for ck in opts.checkpoint if ck != "selective" or attn]
-    combos = [(lam, z, ck) for lam in opts.lambdas for z in opts.zero for ck in checkpoints]
+    combos = Combos([(lam, z, ck) for lam in opts.lambdas for z in opts.zero
+                     for ck in checkpoints])
     combos += [(coherent, z, ck) for coherent in lib.coherent() for z in opts.zero
                for ck in checkpoints]
     kinds = list(dict.fromkeys(ms.layer_kind))

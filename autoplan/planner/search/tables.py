@@ -24,8 +24,9 @@ Everything here is arrays; the exact price of what the DP picks comes from the e
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,6 +54,13 @@ class KindTable:
     row_of: dict[tuple[int, ...], int] = None     # library layout -> row
     sf: np.ndarray = None              # attention core's forward (selective recomputation)
     sact: np.ndarray = None            # its attention matrices (bytes)
+
+    @functools.cached_property
+    def columns(self) -> np.ndarray:
+        """(layouts, 13): f, b, cf, cb, act, kept, gathered, sf, sact, psi (4) per layout
+        (what :func:`layer_arrays` gathers per layer)."""
+        return np.column_stack([self.f, self.b, self.cf, self.cb, self.act, self.kept,
+                                self.gathered, self.sf, self.sact, self.psi])
 
 
 def _line(ev: Evaluator, collective: str, group) -> tuple[float, float]:
@@ -141,6 +149,27 @@ class RangeTable:
     choice: dict[tuple[int, int], dict[str, int]]   # (mesh idx, combo idx) -> kind -> row
 
 
+class Combos(list):
+    """The combos (lambda or a coherent solution, ZeRO stage, recomputation) of a search, with
+    the arrays :func:`pick_layouts` scores them by, built once rather than per mesh and
+    micro-batch count."""
+
+    @functools.cached_property
+    def arrays(self) -> tuple:
+        """(indices of the lambda combos, their lambda, z, full and selective recomputation
+        as columns; the coherent combos as {solution: [indices]})."""
+        free = [i for i, c in enumerate(self) if not isinstance(c[0], tuple)]
+        lam = np.array([self[i][0] for i in free], dtype=float)[:, None]
+        zs = np.array([self[i][1] for i in free], dtype=np.int64)
+        cks = np.array([self[i][2] is True for i in free], dtype=bool)[:, None]
+        sels = np.array([self[i][2] == "selective" for i in free], dtype=bool)[:, None]
+        fixed: dict = {}
+        for i, c in enumerate(self):
+            if isinstance(c[0], tuple):
+                fixed.setdefault(c[0], []).append(i)
+        return np.array(free, dtype=np.int64), lam, zs, cks, sels, fixed
+
+
 def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
                  combos: list[tuple[float, int, bool]]) -> list[dict[str, int]]:
     """Per combo, per kind: the layout row minimising the combo's score (module docstring)."""
@@ -150,17 +179,16 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
     div = np.where(dsize > 1, dsize, 1.0)
     p_b, g_b, o_b = ev.cm.state_bytes
     opt_rate = ev.cm.compute.optimizer_time(1.0)
-    fixed = {c: i for i, c in enumerate(combos) if isinstance(c[0], tuple)}
-    lam = np.array([0.0 if isinstance(c[0], tuple) else c[0] for c in combos])[:, None]
-    zs = np.array([c[1] for c in combos])
-    cks = np.array([c[2] is True for c in combos])[:, None]           # full recomputation
-    sels = np.array([c[2] == "selective" for c in combos])[:, None]
+    combos = combos if isinstance(combos, Combos) else Combos(combos)
+    free, lam, zs, cks, sels, fixed = combos.arrays
     finite = np.isfinite(lam)
     # bytes per parameter of each bucket at each combo's ZeRO stage: (C, 4)
     per = (p_b / np.where(zs[:, None] >= 3, div, 1.0) + g_b / np.where(zs[:, None] >= 2, div, 1.0)
            + o_b / np.where(zs[:, None] >= 1, div, 1.0))
     opt_div = np.where(zs[:, None] >= 1, div, 1.0)
-    picks: list[dict[str, int]] = [{} for _ in combos]
+    picks: list[dict[str, int] | None] = [None] * len(combos)
+    for c in free.tolist():
+        picks[c] = {}
     for k, t in kt.items():
         states = per @ t.psi.T                                        # (C, L)
         sync = sum(_coll_vec(_line(ev, "all_reduce", groups[bi]), t.psi[:, bi] * REDUCE_BYTES)
@@ -173,14 +201,16 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
         score = np.where(finite, tl + (OVERLAP_COST * sync + opt) / m +
                          np.where(finite, lam, 0.0) * mem, mem + 1e-9 * tl)
         best = np.argmin(score, axis=1)
-        for c, row in enumerate(best):
-            picks[c][k] = int(row)
+        for c, row in zip(free.tolist(), best.tolist()):
+            picks[c][k] = row
     # "coherent" combos: every kind takes the layout one whole-model ILP solve gave it (the
     # solve priced the transitions between kinds, which per-kind scores leave out)
-    for combo, c in fixed.items():
-        layouts = dict(combo[0])
+    for solution, where in fixed.items():
+        layouts = dict(solution)
         rows = {k: kt[k].row_of.get(layouts.get(k)) for k in kt}
-        picks[c] = rows if None not in rows.values() else None
+        valid = None not in rows.values()
+        for c in where:
+            picks[c] = dict(rows) if valid else None
     return picks
 
 
@@ -269,8 +299,8 @@ def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed:
     reach = np.maximum.accumulate(np.take_along_axis(
         last_fitting(states, act, fixed, memory, s1), order, axis=0), axis=0)
     # rows before the first reaching s: those whose running maximum is below s
-    counts = np.zeros((p_count, s1 + 1), dtype=np.int64)
-    np.add.at(counts, (np.broadcast_to(np.arange(p_count), reach.shape), reach + 1), 1)
+    cells = (np.arange(p_count) * (s1 + 1) + (reach + 1)).ravel()
+    counts = np.bincount(cells, minlength=p_count * (s1 + 1)).reshape(p_count, s1 + 1)
     first = np.cumsum(counts, axis=1)[:, :s1].T                          # (s1, P)
     found = first < r_count
     at = np.minimum(first, r_count - 1)
@@ -280,86 +310,96 @@ def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed:
     return val, row
 
 
+#: columns of ``LayerArrays.cum``
+T, RF, TR, TRF, BWD, FB, ACT, PSI = 0, 1, 2, 3, 4, 5, 6, 7
+
+
 @dataclass
 class LayerArrays:
-    """Per-layer figures of one (mesh, micro-batch, combo): what stage ranges sum."""
+    """Per-layer figures of one (mesh, micro-batch, combo): what stage ranges sum.
 
-    c_t: np.ndarray          # prefix sums (length L + 1) of per-layer time per micro-batch
-    c_rf: np.ndarray         # ... of forward compute + communication (recomputed stages)
-    c_tr: np.ndarray         # ... of transitions (index l: between l - 1 and l)
-    c_trf: np.ndarray        # ... of their forward part
-    c_b: np.ndarray          # ... of backward compute
-    c_fb: np.ndarray         # ... of forward + backward compute
-    c_act: np.ndarray        # ... of kept activations
-    c_psi: np.ndarray        # (L + 1, 4) ... of local parameters per bucket
+    ``cum`` (L + 1, 7 + 4) holds their prefix sums, one column each: T per-layer time per
+    micro-batch, RF forward compute + communication (recomputed stages), TR transitions
+    (index l: between l - 1 and l), TRF their forward part, BWD backward compute, FB
+    forward + backward compute, ACT kept activations, PSI.. local parameters per bucket."""
+
+    cum: np.ndarray
     peak: np.ndarray         # per layer: a recomputed layer's full activations (selective:
     gathered: np.ndarray     # its attention matrices); per layer: parameter bytes gathered
-    checkpoint: bool         # full recomputation (selective adds its forward to c_t)
-    _sparse: tuple = None        # sparse tables of both per-layer maxima (built on first use)
-
-    def sparse(self) -> tuple[np.ndarray, np.ndarray]:
-        """Sparse tables of (peak, gathered): level k holds the maximum over [i, i + 2^k),
-        so the maximum over [a, b) is that of levels floor(log2(b - a)) at a and at
-        b - 2^k (:func:`range_base`)."""
-        if self._sparse is None:
-            self._sparse = (_sparse_table(self.peak), _sparse_table(self.gathered))
-        return self._sparse
+    checkpoint: bool         # full recomputation (selective adds its forward to T)
+    per: np.ndarray = None       # (L, 13) each layer's KindTable.columns (layer_arrays)
 
 
 def _sparse_table(x: np.ndarray) -> np.ndarray:
-    n = len(x)
+    """Sparse table of the rows of ``x`` (K, n): (K, levels, n), level k holding the
+    maximum over [i, i + 2^k), so the maximum over [a, b) is that of level
+    floor(log2(b - a)) at a and at b - 2^k (:func:`range_base`)."""
+    rows, n = x.shape
     levels = max(1, int(np.floor(np.log2(max(n, 1)))) + 1)
-    out = np.zeros((levels, n))
-    out[0] = x
+    out = np.zeros((rows, levels, n))
+    out[:, 0] = x
     for k in range(1, levels):
         half = 1 << (k - 1)
-        out[k, :n - half] = np.maximum(out[k - 1, :n - half], out[k - 1, half:])
+        out[:, k, :n - half] = np.maximum(out[:, k - 1, :n - half], out[:, k - 1, half:])
     return out
 
 
 def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
-                 pick: dict[str, int], checkpoint: bool | str) -> LayerArrays:
-    """``checkpoint``: False, True (full recomputation of the blocks) or 'selective'."""
-    ms = ev.ms
-    kinds = ms.layer_kind
-    n_layers = len(kinds)
-    order = list(dict.fromkeys(kinds))
-    of = {k: i for i, k in enumerate(order)}
-    kidx = np.array([of[k] for k in kinds], dtype=np.int64)
-    sel = [(kt[k], pick[k]) for k in order]
-
-    def per_layer(field: str) -> np.ndarray:        # each layer takes its kind's pick
-        return np.array([getattr(t, field)[s] for t, s in sel], dtype=float)[kidx]
-
-    rec = np.array(ms.is_block, dtype=bool) & (checkpoint is True)
-    part = np.array(ms.is_block, dtype=bool) & (checkpoint == "selective")
-    f, b, cf, cb = (per_layer(x) for x in ("f", "b", "cf", "cb"))
-    act_full, kept, gath = per_layer("act"), per_layer("kept"), per_layer("gathered")
-    if part.any():             # the attention core: recomputed, its matrices not kept
-        sf, sact = per_layer("sf"), per_layer("sact")
+                 pick: dict[str, int], checkpoint: bool | str,
+                 plain: LayerArrays | None = None) -> LayerArrays:
+    """``checkpoint``: False, True (full recomputation of the blocks) or 'selective'.
+    ``plain``: the same layouts' arrays without recomputation, if at hand: recomputation
+    changes only the columns it touches (ACT; selective also T, BWD, FB), so the rest --
+    the per-layer gather, the transitions, their prefix sums -- is taken from it."""
+    order, kidx, pairs, pidx, is_block = ev.ms.layer_index
+    n_layers = len(kidx)
+    if plain is not None and checkpoint is not False:
+        per = plain.per
+    else:
+        plain = None
+        # each layer takes its kind's pick: (L, 13) columns of KindTable.columns
+        per = np.stack([kt[k].columns[pick[k]] for k in order])[kidx]
+    f, b, cf, cb, act_full, kept, gath, sf, sact = per[:, :9].T
+    rec = is_block & (checkpoint is True)
+    part = is_block & (checkpoint == "selective")
+    selective = bool(part.any())
+    if selective:              # the attention core: recomputed, its matrices not kept
         b = b + np.where(part, sf, 0.0)
         act_full = np.where(part, act_full - sact, act_full)
         peak_sel = np.where(part, sact, 0.0)
     else:
         peak_sel = np.zeros(n_layers)
-    psi = per_layer("psi")
-    trans = np.zeros(n_layers)
-    trans_f = np.zeros(n_layers)
-    pairs: dict[tuple[str, str], tuple[float, float]] = {}
-    for l in range(1, n_layers):
-        ka, kb = kinds[l - 1], kinds[l]
-        if (ka, kb) not in pairs:
-            pairs[(ka, kb)] = ev.transition_time(ka, kb, mesh, micro_batch,
-                                                 kt[ka].layouts[pick[ka]],
-                                                 kt[kb].layouts[pick[kb]])
-        tf, tb = pairs[(ka, kb)]
-        trans[l] = tf + tb
-        trans_f[l] = tf
-    z1 = lambda x: np.concatenate([[0.0], np.cumsum(x)])          # noqa: E731
-    return LayerArrays(z1(f + b + cf + cb), z1(f + cf), z1(trans), z1(trans_f), z1(b), z1(f + b),
-                       z1(np.where(rec, kept, act_full)),
-                       np.vstack([np.zeros(len(BUCKETS)), np.cumsum(psi, axis=0)]),
-                       np.where(rec, act_full, peak_sel), gath, checkpoint is True)
+    if plain is not None:
+        cols = plain.cum.copy()
+        body = cols[1:]
+        touched = [ACT] + ([T, BWD, FB] if selective else [])
+    else:
+        cols = np.empty((n_layers + 1, PSI + len(BUCKETS)))
+        cols[0] = 0.0
+        body = cols[1:]
+        touched = list(range(cols.shape[1]))
+        body[:, RF] = f + cf
+        body[:, TR] = 0.0
+        body[:, TRF] = 0.0
+        if n_layers > 1:       # the transition into layer l, per distinct (kind, next kind)
+            tt = np.array([ev.transition_time(ka, kb, mesh, micro_batch, kt[ka].layouts[pick[ka]],
+                                              kt[kb].layouts[pick[kb]])
+                           for ka, kb in pairs], dtype=float)
+            body[1:, TR] = tt[pidx, 0] + tt[pidx, 1]
+            body[1:, TRF] = tt[pidx, 0]
+        body[:, PSI:] = per[:, 9:]
+    if T in touched:
+        body[:, T] = f + b + cf + cb
+        body[:, BWD] = b
+        body[:, FB] = f + b
+    body[:, ACT] = np.where(rec, kept, act_full)
+    if len(touched) == cols.shape[1]:
+        np.cumsum(body, axis=0, out=body)
+    else:
+        for c in touched:
+            body[:, c] = np.cumsum(body[:, c])
+    return LayerArrays(cols, np.where(rec, act_full, peak_sel), gath, checkpoint is True,
+                       per=per)
 
 
 @dataclass
@@ -392,6 +432,7 @@ class RangeBase:
     peak: np.ndarray         # max recompute peak over the range
     gathered: np.ndarray     # max gathered parameter bytes over the range
     send: np.ndarray
+    memo: dict = field(default_factory=dict)      # terms finish_range shares across z
 
 
 def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_batch: int,
@@ -406,29 +447,27 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
     synced = [k for k, g in enumerate(groups) if g.size > 1]
     dsize = np.array([g.size for g in groups], dtype=float)
     div = np.where(dsize > 1, dsize, 1.0)
-    stack = lambda name: np.array([getattr(la, name) for la in las])    # noqa: E731
-    c_t, c_tr = stack("c_t"), stack("c_tr")
-    t = c_t[:, b] - c_t[:, a] + (c_tr[:, b] - c_tr[:, a + 1])
+    cum = np.stack([la.cum for la in las])              # (K, L + 1, columns)
+    hi, lo = cum[:, b], cum[:, a]
+    d = hi - lo                                           # (K, P, columns): [a, b) sums
+    tr = hi[..., TR:TRF + 1] - cum[:, a + 1, TR:TRF + 1]  # transitions inside [a, b)
+    t = d[..., T] + tr[..., 0]
     ck = np.array([la.checkpoint for la in las])
     if ck.any():
-        c_rf, c_trf = stack("c_rf"), stack("c_trf")
-        t = np.where(ck[:, None], t + c_rf[:, b] - c_rf[:, a] + (c_trf[:, b] - c_trf[:, a + 1]),
-                     t)
-    c_b, c_fb, c_psi, c_act = stack("c_b"), stack("c_fb"), stack("c_psi"), stack("c_act")
-    bwd = c_b[:, b] - c_b[:, a]
-    fb = c_fb[:, b] - c_fb[:, a]
-    ps = c_psi[:, b] - c_psi[:, a]
+        t = np.where(ck[:, None], t + hi[..., RF] - lo[..., RF] + tr[..., 1], t)
+    bwd = d[..., BWD]
+    fb = d[..., FB]
+    ps = np.ascontiguousarray(d[..., PSI:])
     sync = np.zeros(bwd.shape)
     gather = np.zeros(bwd.shape)
     for k in synced:
         sync += _coll_vec(_line(ev, "all_reduce", groups[k]), ps[..., k] * REDUCE_BYTES)
         gather += _coll_vec(_line(ev, "all_gather", groups[k]), ps[..., k] * ev.cm.param_bytes)
-    act = c_act[:, b] - c_act[:, a]
-    level = np.floor(np.log2(b - a)).astype(int)          # sparse tables (LayerArrays)
+    act = d[..., ACT]
+    level = np.floor(np.log2(b - a)).astype(int)          # sparse tables (_sparse_table)
     span = 1 << level
-    tables = [la.sparse() for la in las]
-    peak_t = np.array([tp for tp, _ in tables])
-    gath_t = np.array([tg for _, tg in tables])
+    peak_t = _sparse_table(np.stack([la.peak for la in las]))
+    gath_t = _sparse_table(np.stack([la.gathered for la in las]))
     peak = np.maximum(peak_t[:, level, a], peak_t[:, level, b - span])
     gathered = np.maximum(gath_t[:, level, a], gath_t[:, level, b - span])
     out_bytes = ev.output_bytes[np.maximum(b - 1, 0)]
@@ -442,14 +481,21 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
 def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCosts:
     """:class:`RangeCosts` of ``base`` at ZeRO stage ``zero`` with ``m`` micro-batches."""
     sync, ps, div, synced = base.sync, base.ps, base.div, base.synced
-    u = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * base.bwd,
-                                      OVERLAP_COST * sync), 0.0)
+    memo = base.memo               # the terms shared by the ZeRO stages, computed once
+    if "sync" not in memo:
+        memo["sync"] = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * base.bwd,
+                                                     OVERLAP_COST * sync), 0.0)
+    u = memo["sync"]
     if zero == 3:
-        gat = base.gather
-        u = u + m * np.where(gat > 0, np.maximum(2 * gat - (1 - OVERLAP_COST) * base.fb,
-                                                 OVERLAP_COST * 2 * gat), 0.0)
-    local = (ps / div).sum(axis=-1) if zero >= 1 else ps.sum(axis=-1)
-    u = u + ev.cm.compute.optimizer_time(1.0) * local
+        if "gather" not in memo:
+            gat = base.gather
+            memo["gather"] = np.where(gat > 0, np.maximum(2 * gat - (1 - OVERLAP_COST) * base.fb,
+                                                          OVERLAP_COST * 2 * gat), 0.0)
+        u = u + m * memo["gather"]
+    key = "local" if zero >= 1 else "whole"
+    if key not in memo:
+        memo[key] = (ps / div).sum(axis=-1) if zero >= 1 else ps.sum(axis=-1)
+    u = u + ev.cm.compute.optimizer_time(1.0) * memo[key]
     p_b, g_b, o_b = ev.cm.state_bytes
     states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / (div if zero >= 2 else 1)
                     + o_b / (div if zero >= 1 else 1))).sum(axis=-1)

@@ -1,0 +1,171 @@
+"""The search's fast paths give exactly what the direct computations give (issue #18).
+
+Each fast path (packed candidate arrays, replayed edge buckets, one ILP build per memory
+weight, layer arrays derived from the plain ones, the stage DP's skipped rows) is checked
+bit for bit, or solution for solution, against the computation it replaces, on a 4-block
+GPT on two DGX A100 nodes. Planning only: no engine runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from autoplan.api import prepare
+from autoplan.models import resolve
+from autoplan.planner.search.compose import Composition, analyse, build_problem
+from autoplan.planner.search.costs import CostModel
+from autoplan.planner.search.evaluate import Evaluator
+from autoplan.planner.search.inter_op import brute_force, pipeline_dp, stage_dp
+from autoplan.planner.search.intra_op import solve, solve_weights
+from autoplan.planner.search.library import LAMBDAS
+from autoplan.planner.search.mesh import LogicalMesh
+from autoplan.planner.search.packed import PackedAnchor
+from autoplan.planner.search.tables import (Combos, _sparse_table, kind_table, layer_arrays,
+                                            pick_layouts)
+
+GPT_SMALL = dict(vocab_size=8192, hidden=1024, layers=4, heads=16, seq_len=1024)
+MESHES = [LogicalMesh((2, 8), 8), LogicalMesh((4, 4), 8), LogicalMesh((16, 1), 8)]
+
+
+@pytest.fixture(scope="module")
+def small():
+    problem = prepare(resolve("gpt", **GPT_SMALL), "dgx-a100", global_batch=64, nodes=2)
+    ms = analyse(problem.spec, problem.graph)
+    return problem, ms, Evaluator(CostModel(problem.graph, problem.cluster), ms)
+
+
+def _loop_price(cm: CostModel, rows, mesh: LogicalMesh, scale: float) -> dict:
+    """The per-candidate loop the packed arrays replace (``CostModel.kind_costs`` before
+    issue #18), for the rows' records."""
+    core, gemms = cm._core_and_gemms
+    out = {k: [] for k in ("fwd", "bwd", "cof", "cf", "cb", "act")}
+    for _, rec in rows:
+        f = b = cof = 0.0
+        for name, tp, batch_split, batchy in rec.ops:
+            tf, tb = cm.op_time(name, tp, scale / batch_split if batchy else 1.0)
+            f += tf
+            b += tb
+            if name in core:
+                cof += tf
+        moves = [(d, c, ax, nb * (scale if sc else 1.0) / div)
+                 for d, c, ax, nb, sc, div in rec.moves]
+        out["fwd"].append(f)
+        out["bwd"].append(b)
+        out["cof"].append(cof)
+        out["cf"].append(sum(cm.coll(c, x, mesh.group((ax,))) for d, c, ax, x in moves
+                             if d == "fwd"))
+        out["cb"].append(sum(cm.coll(c, x, mesh.group((ax,))) for d, c, ax, x in moves
+                             if d == "bwd"))
+        out["act"].append(sum(nb * (scale if batchy else 1.0) / shard
+                              for nb, batchy, shard, _ in rec.saved))
+    return out
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.label())
+def test_packed_candidates_price_as_the_loop_over_records(small, mesh):
+    problem, ms, ev = small
+    cm = ev.cm
+    for kind, kg in ms.kinds.items():
+        exported = ms.exported(kind)
+        for ai in range(len(kg.anchors)):
+            rows = cm._structure(kg, mesh.shape, exported)[ai]
+            pk = PackedAnchor(rows, *cm._core_and_gemms)
+            for micro_batch in (64, 16, 4):
+                scale = micro_batch / cm.b0
+                got = pk.price(cm, mesh, scale)
+                want = _loop_price(cm, rows, mesh, scale)
+                for key, values in want.items():
+                    assert got[key].tolist() == [float(v) for v in values], (kind, ai, key)
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.label())
+def test_replayed_edge_buckets_equal_the_direct_ones(small, mesh):
+    """layer_buckets without ``counts`` replays recorded additions; with ``counts`` it
+    derives them directly: the buckets are equal, at two micro-batches."""
+    problem, ms, ev = small
+    for micro_batch in (64, 16):
+        for kind in ms.kinds:
+            kc = ev.kind_costs(kind, mesh, micro_batch)
+            rng = np.random.default_rng(len(kind))
+            for _ in range(6):
+                choice = tuple(int(rng.integers(len(c))) for c in kc.cand)
+                fast = ev.layer_buckets(kind, mesh, micro_batch, choice)
+                direct = ev.layer_buckets(kind, mesh, micro_batch, choice, counts={})
+                assert fast == direct
+
+
+def test_one_ilp_build_per_mesh_solves_each_weight_as_a_fresh_build(small):
+    problem, ms, ev = small
+    comp = Composition.of(ms, 0, len(problem.graph.layers))
+    mesh = LogicalMesh((2, 8), 8)
+    costs = {k: ev.kind_costs(k, mesh, 16) for k, _ in comp.counts}
+    ilp, _ = build_problem(ev.cm, ms, comp, mesh, 16, micro_batches=4, in_flight=1,
+                           checkpoint=False, costs=costs)
+    weights = [1e-9 if not math.isfinite(w) else w for w in LAMBDAS]
+    fresh = []
+    for w in weights:
+        ilp.mem_weight = w
+        fresh.append(solve(ilp))
+    got = list(solve_weights(ilp, weights, time_limit_s=lambda: 30.0))
+    assert [(s.choice, s.zero, s.objective) for s in got] == \
+        [(s.choice, s.zero, s.objective) for s in fresh]
+
+
+def test_recomputed_layer_arrays_from_the_plain_ones_equal_a_full_build(small):
+    problem, ms, ev = small
+    mesh = LogicalMesh((4, 4), 8)
+    kinds = list(dict.fromkeys(ms.layer_kind))
+    kt = {}
+    for k in kinds:
+        kc = ev.kind_costs(k, mesh, 16)
+        layouts = [tuple(int(c[j % len(c)]) for c in kc.cand) for j in range(3)]
+        kt[k] = kind_table(ev, k, mesh, 16, layouts)
+    combos = Combos([(lam, z, ck) for lam in (0.0, 1e-10) for z in (0, 3)
+                     for ck in (False, True, "selective")])
+    for pick in pick_layouts(ev, kt, mesh, 4, combos):
+        plain = layer_arrays(ev, mesh, 16, kt, pick, False)
+        for ck in (True, "selective"):
+            full = layer_arrays(ev, mesh, 16, kt, pick, ck)
+            derived = layer_arrays(ev, mesh, 16, kt, pick, ck, plain=plain)
+            assert np.array_equal(full.cum, derived.cum)
+            assert np.array_equal(full.peak, derived.peak)
+            assert np.array_equal(full.gathered, derived.gathered)
+
+
+def test_sparse_table_range_maxima():
+    rng = np.random.default_rng(5)
+    x = rng.random((3, 13))
+    table = _sparse_table(x)
+    for a in range(13):
+        for b in range(a + 1, 14):
+            k = int(np.floor(np.log2(b - a)))
+            got = np.maximum(table[:, k, a], table[:, k, b - (1 << k)])
+            assert np.array_equal(got, x[:, a:b].max(axis=1))
+
+
+def test_stage_dp_skipping_unusable_rows_matches_brute_force():
+    """The DP restricted to the units where later stages can start and to the (position,
+    size) pairs under t_max: the brute-force optimum, and the same F with ``lows`` given."""
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        s, u, v = (int(x) for x in rng.integers(1, 5, size=3))
+        t = np.full((s + 1, u, u + 1, v + 1), math.inf)
+        for pos, i, n in itertools.product(range(1, s + 1), range(u), range(1, v + 1)):
+            for j in range(i + 1, u + 1):
+                if rng.random() < 0.6:
+                    t[pos, i, j, n] = rng.random() * (j - i) / n + 0.05 * pos
+        m = int(rng.integers(1, 9))
+        exact = brute_force(t, v, m)
+        got = pipeline_dp(t, v, m, max_candidates=10 ** 6)
+        assert (got is None) == (exact is None)
+        if got is not None:
+            assert got.latency == pytest.approx(exact.latency, rel=1e-12)
+        finite = t[np.isfinite(t)]
+        if finite.size:
+            t_max = float(np.median(finite))
+            assert np.array_equal(stage_dp(t, v, t_max),
+                                  stage_dp(t, v, t_max, t.min(axis=(1, 2))))
