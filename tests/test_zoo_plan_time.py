@@ -77,13 +77,15 @@ def _library(budget_s: float, monkeypatch) -> tuple[list[float], object]:
     from autoplan.planner.search.evaluate import Evaluator
 
     limits: list[float] = []
-    real = library.solve
+    real = library.solve_weights
 
-    def spy(problem, *, time_limit_s, backend):
-        limits.append(time_limit_s)
-        return real(problem, time_limit_s=time_limit_s, backend=backend)
+    def spy(problem, weights, *, time_limit_s, backend):
+        def recorded() -> float:       # the limit each solve is given, in order
+            limits.append(time_limit_s())
+            return limits[-1]
+        return real(problem, weights, time_limit_s=recorded, backend=backend)
 
-    monkeypatch.setattr(library, "solve", spy)
+    monkeypatch.setattr(library, "solve_weights", spy)
     spec = resolve("gpt", vocab_size=512, hidden=128, layers=2, heads=4, seq_len=64)
     problem = prepare(spec, "dgx-a100", global_batch=16, precision="mixed")
     ms = analyse(problem.spec, problem.graph)
