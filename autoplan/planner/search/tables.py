@@ -427,6 +427,8 @@ class RangeBase:
     div: np.ndarray          # (4,) each bucket's group size (1 for one rank)
     synced: list[int]        # buckets whose group has more than one rank
     sync: np.ndarray         # all-reduce seconds of the gradients
+    scatter: np.ndarray      # reduce-scatter seconds of the gradients (ZeRO-2, per micro-batch)
+    whole: np.ndarray        # (P,) the range is the whole model: a one-stage pipeline
     gather: np.ndarray       # all-gather seconds of the parameters (ZeRO-3)
     act: np.ndarray
     peak: np.ndarray         # max recompute peak over the range
@@ -459,9 +461,11 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
     fb = d[..., FB]
     ps = np.ascontiguousarray(d[..., PSI:])
     sync = np.zeros(bwd.shape)
+    scatter = np.zeros(bwd.shape)
     gather = np.zeros(bwd.shape)
     for k in synced:
         sync += _coll_vec(_line(ev, "all_reduce", groups[k]), ps[..., k] * REDUCE_BYTES)
+        scatter += _coll_vec(_line(ev, "reduce_scatter", groups[k]), ps[..., k] * REDUCE_BYTES)
         gather += _coll_vec(_line(ev, "all_gather", groups[k]), ps[..., k] * ev.cm.param_bytes)
     act = d[..., ACT]
     level = np.floor(np.log2(b - a)).astype(int)          # sparse tables (_sparse_table)
@@ -475,17 +479,29 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
     line = _line(ev, "send_recv", Group(size=2, ranks_per_node=1 if cross else 2))
     send = np.where(b == n_layers, 0.0,
                     2 * _coll_vec(line, out_bytes * micro_batch / ev.b0 / mesh.size))
-    return RangeBase(t, bwd, fb, ps, div, synced, sync, gather, act, peak, gathered, send)
+    whole = (a == 0) & (b == n_layers)
+    return RangeBase(t, bwd, fb, ps, div, synced, sync, scatter, whole, gather, act, peak,
+                     gathered, send)
 
 
 def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCosts:
-    """:class:`RangeCosts` of ``base`` at ZeRO stage ``zero`` with ``m`` micro-batches."""
+    """:class:`RangeCosts` of ``base`` at ZeRO stage ``zero`` with ``m`` micro-batches.
+    ZeRO-2 over m > 1 micro-batches as :mod:`autoplan.cost.step` prices it: a range that is
+    the whole model (one stage) reduce-scatters every micro-batch and keeps its gradients
+    sharded; a pipeline stage accumulates them unsharded and reduces once (ZeRO-1)."""
     sync, ps, div, synced = base.sync, base.ps, base.div, base.synced
     memo = base.memo               # the terms shared by the ZeRO stages, computed once
     if "sync" not in memo:
         memo["sync"] = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * base.bwd,
                                                      OVERLAP_COST * sync), 0.0)
     u = memo["sync"]
+    grads_div = div if zero >= 2 else 1
+    if zero == 2 and m > 1:
+        sc = base.scatter
+        per_mb = np.where(sc > 0, np.maximum(sc - (1 - OVERLAP_COST) * base.bwd,
+                                             OVERLAP_COST * sc), 0.0)
+        u = np.where(base.whole, m * per_mb, u)
+        grads_div = np.where(base.whole[:, None], div[None, :], 1.0)
     if zero == 3:
         if "gather" not in memo:
             gat = base.gather
@@ -497,7 +513,7 @@ def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCost
         memo[key] = (ps / div).sum(axis=-1) if zero >= 1 else ps.sum(axis=-1)
     u = u + ev.cm.compute.optimizer_time(1.0) * memo[key]
     p_b, g_b, o_b = ev.cm.state_bytes
-    states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / (div if zero >= 2 else 1)
+    states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / grads_div
                     + o_b / (div if zero >= 1 else 1))).sum(axis=-1)
     fixed = base.peak
     if zero == 3 and synced:
