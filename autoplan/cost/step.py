@@ -50,8 +50,8 @@ E_d = m (R_last + x(R_d - R_last, sum_c t_b))); under pipeline parallelism the s
 accumulates unsharded gradients over the micro-batches and reduces once (torch.distributed
 .pipelining; DeepSpeed refuses ZeRO-2 with its pipeline engine), so its memory is ZeRO-1's
 (:mod:`engine.data_parallel`, which runs both). Under ZeRO-3 the rank's U units (FSDP's
-wrapped modules, ``ChunkCost.modules``) each all-gather their parameters before forward and again before backward (g = all_gather(p
-psi_b / U)) and reduce-scatter their gradients after backward (r = reduce_scatter(R psi_b /
+wrapped modules, ``ChunkCost.modules``) each all-gather their parameters before forward
+and again before backward (g = all_gather(p psi_b / U)) and reduce-scatter their gradients after backward (r = reduce_scatter(R psi_b /
 U)), prefetching one unit ahead, so a unit whose collectives outlast its compute (f =
 sum_c (t_f + tp_f) / U; b the same for backward, with the recomputed forward) exposes the
 difference (Rajbhandari et al. 2019 sec. 7.2.2 for the volumes; Zhao et al. 2023 for FSDP's
