@@ -54,10 +54,10 @@ wrapped modules, ``ChunkCost.modules``) each all-gather their parameters before 
 and again before backward (g = all_gather(p psi_b / U)) and reduce-scatter their gradients
 after backward (r = reduce_scatter(R psi_b / U)), prefetching one unit ahead, so a unit
 whose collectives outlast its compute (f = sum_c (t_f + tp_f) / U; b the same for
-backward, with the recomputed forward) exposes the difference (Rajbhandari et al. 2019 sec. 7.2.2 for the volumes; Zhao et al. 2023 for FSDP's
-order). INTERFERENCE = 0.1 is the share of SMs NCCL's channels take from the compute they
-overlap. The collective times are NCCL's (:mod:`autoplan.cost.comm`): a ring's latency grows
-with its ranks.
+backward, with the recomputed forward) exposes the difference (Rajbhandari et al. 2019
+sec. 7.2.2 for the volumes; Zhao et al. 2023 for FSDP's order). INTERFERENCE = 0.1 is the
+share of SMs NCCL's channels take from the compute they overlap. The collective times are
+NCCL's (:mod:`autoplan.cost.comm`): a ring's latency grows with its ranks.
 
 **Optimizer**: ``ComputeModel.optimizer_time`` of the local parameters, sum_b psi_b
 (/ |g_b| under ZeRO >= 1). **Step**: T + max_d E_d + max_d optimizer_d.
