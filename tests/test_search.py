@@ -32,6 +32,7 @@ from autoplan.planner.search.megatron import uniform_choice
 from autoplan.planner.search.mesh import LogicalMesh
 from autoplan.planner.search.search import SearchOptions, search
 from autoplan.planner.search.to_plan import build_search_plan
+from stage_tables import random_stage_table
 
 GPT_SMALL = dict(vocab_size=8192, hidden=1024, layers=4, heads=16, seq_len=1024)
 
@@ -134,19 +135,13 @@ def test_ilp_finds_the_brute_force_optimum_on_a_real_layer(small):
 def test_stage_dp_finds_the_brute_force_optimum():
     rng = np.random.default_rng(11)
     for _ in range(150):
-        s, u, v = (int(x) for x in rng.integers(1, 5, size=3))
-        t = np.full((s + 1, u, u + 1, v + 1), math.inf)
-        for pos, i, n in itertools.product(range(1, s + 1), range(u), range(1, v + 1)):
-            for j in range(i + 1, u + 1):
-                if rng.random() < 0.85:
-                    t[pos, i, j, n] = rng.random() * (j - i) / n + 0.05 * pos
-        m = int(rng.integers(1, 9))
+        t, v, m = random_stage_table(rng, 0.85)
         got, exact = pipeline_dp(t, v, m, max_candidates=10_000), dp_brute_force(t, v, m)
         assert (got is None) == (exact is None)
         if got is not None:
             assert got.latency == pytest.approx(exact.latency, rel=1e-12)
             assert sum(p.devices for p in got.stages) == v
-            assert [p.start for p in got.stages][0] == 0 and got.stages[-1].end == u
+            assert [p.start for p in got.stages][0] == 0 and got.stages[-1].end == t.shape[1]
 
 
 # ---- one cost model --------------------------------------------------------------------------

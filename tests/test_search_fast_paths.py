@@ -8,8 +8,6 @@ GPT on two DGX A100 nodes. Planning only: no engine runs.
 
 from __future__ import annotations
 
-import itertools
-import math
 
 import numpy as np
 import pytest
@@ -21,11 +19,12 @@ from autoplan.planner.search.costs import CostModel
 from autoplan.planner.search.evaluate import Evaluator
 from autoplan.planner.search.inter_op import brute_force, pipeline_dp, stage_dp
 from autoplan.planner.search.intra_op import solve, solve_weights
-from autoplan.planner.search.library import LAMBDAS
+from autoplan.planner.search.library import LAMBDAS, ilp_weight
 from autoplan.planner.search.mesh import LogicalMesh
 from autoplan.planner.search.packed import PackedAnchor
 from autoplan.planner.search.tables import (Combos, _sparse_table, kind_table, layer_arrays,
                                             pick_layouts)
+from stage_tables import random_stage_table
 
 GPT_SMALL = dict(vocab_size=8192, hidden=1024, layers=4, heads=16, seq_len=1024)
 MESHES = [LogicalMesh((2, 8), 8), LogicalMesh((4, 4), 8), LogicalMesh((16, 1), 8)]
@@ -105,7 +104,7 @@ def test_one_ilp_build_per_mesh_solves_each_weight_as_a_fresh_build(small):
     costs = {k: ev.kind_costs(k, mesh, 16) for k, _ in comp.counts}
     ilp, _ = build_problem(ev.cm, ms, comp, mesh, 16, micro_batches=4, in_flight=1,
                            checkpoint=False, costs=costs)
-    weights = [1e-9 if not math.isfinite(w) else w for w in LAMBDAS]
+    weights = [ilp_weight(w) for w in LAMBDAS]
     fresh = []
     for w in weights:
         ilp.mem_weight = w
@@ -152,13 +151,7 @@ def test_stage_dp_skipping_unusable_rows_matches_brute_force():
     size) pairs under t_max: the brute-force optimum, and the same F with ``lows`` given."""
     rng = np.random.default_rng(7)
     for _ in range(60):
-        s, u, v = (int(x) for x in rng.integers(1, 5, size=3))
-        t = np.full((s + 1, u, u + 1, v + 1), math.inf)
-        for pos, i, n in itertools.product(range(1, s + 1), range(u), range(1, v + 1)):
-            for j in range(i + 1, u + 1):
-                if rng.random() < 0.6:
-                    t[pos, i, j, n] = rng.random() * (j - i) / n + 0.05 * pos
-        m = int(rng.integers(1, 9))
+        t, v, m = random_stage_table(rng, 0.6)
         exact = brute_force(t, v, m)
         got = pipeline_dp(t, v, m, max_candidates=10 ** 6)
         assert (got is None) == (exact is None)

@@ -106,6 +106,18 @@ OVERLAP_COST = INTERFERENCE
 REDUCE_BYTES = 4
 
 
+def reductions_per_step(zero: int, m: int, pipelined: bool) -> int:
+    """Gradient reductions a data-parallel rank runs per step (module docstring): m
+    reduce-scatters for ZeRO-2 over m > 1 micro-batches without a pipeline, else one."""
+    return m if zero == 2 and m > 1 and not pipelined else 1
+
+
+def memory_zero(zero: int, m: int, pipelined: bool) -> int:
+    """The ZeRO stage whose bytes a rank holds: ZeRO-2 in a pipeline over m > 1
+    micro-batches accumulates unsharded gradients, ZeRO-1's (module docstring)."""
+    return 1 if zero == 2 and m > 1 and pipelined else zero
+
+
 @dataclass(frozen=True)
 class ParamBucket:
     """``count`` local parameters (after tensor sharding) per device whose gradients are
@@ -224,15 +236,12 @@ class StepModel:
                pipelined: bool = False) -> tuple[float, float, float]:
         """(A_d, G_d, local parameters the optimizer steps) of the module docstring; A_d is
         m R_d for ZeRO-2 over m > 1 micro-batches without a pipeline."""
-        per_micro_batch = zero == 2 and m > 1 and not pipelined
+        reps = reductions_per_step(zero, m, pipelined)
+        reduce = "all_reduce" if reps == 1 else "reduce_scatter"
         t_reduce = t_gather = local = 0.0
         for b in buckets:
             if b.group.size > 1 and b.count > 0:
-                if per_micro_batch:
-                    t_reduce += m * self._comm_time("reduce_scatter", b.count * REDUCE_BYTES,
-                                                    b.group)
-                else:
-                    t_reduce += self._comm_time("all_reduce", b.count * REDUCE_BYTES, b.group)
+                t_reduce += reps * self._comm_time(reduce, b.count * REDUCE_BYTES, b.group)
                 if zero == 3:
                     t_gather += self._comm_time("all_gather", b.count * self.param_bytes,
                                                 b.group)
@@ -254,17 +263,12 @@ class StepModel:
         if not synced:
             return 0.0
         bwd = sum(c.bwd for c in chunks)
-        if zero == 2 and m > 1 and not pipelined:     # a reduce-scatter per micro-batch
-            scatter = t_reduce / m
-            last = sum(self.comm.time("reduce_scatter", min(b.count * REDUCE_BYTES,
-                                                            DDP_BUCKET_BYTES), b.group)
-                       for b in synced)
-            return m * bucketed_reduction(scatter, bwd, last)
-        if zero < 3:
-            last = sum(self.comm.time("all_reduce", min(b.count * REDUCE_BYTES,
-                                                        DDP_BUCKET_BYTES), b.group)
-                       for b in synced)
-            return bucketed_reduction(t_reduce, bwd, last)
+        if zero < 3:                  # reps reductions, each over one micro-batch's backward
+            reps = reductions_per_step(zero, m, pipelined)
+            reduce = "all_reduce" if reps == 1 else "reduce_scatter"
+            last = sum(self.comm.time(reduce, min(b.count * REDUCE_BYTES, DDP_BUCKET_BYTES),
+                                      b.group) for b in synced)
+            return reps * bucketed_reduction(t_reduce / reps, bwd, last)
         units = max(1, sum(c.modules for c in chunks))
         gather = sum(self.comm.time("all_gather", b.count / units * self.param_bytes, b.group)
                      for b in synced)
@@ -338,9 +342,8 @@ class StepModel:
             opt_time.append(self.compute.optimizer_time(local))
             syncs.append((t_reduce, t_gather, local))
             in_flight = in_flight_micro_batches(work.schedule, pp, d, m, v)
-            # ZeRO-2 in a pipeline with m > 1 accumulates unsharded gradients: ZeRO-1's bytes
-            mem_zero = 1 if zero == 2 and pp > 1 and m > 1 else zero
-            per_rank.append(self._memory(cs, buckets, in_flight, mem_zero, pp > 1))
+            per_rank.append(self._memory(cs, buckets, in_flight, memory_zero(zero, m, pp > 1),
+                                         pp > 1))
         dp_comm = max(dp_exposed)
         optimizer = max(opt_time)
         step = pipeline + dp_comm + optimizer

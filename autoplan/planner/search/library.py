@@ -53,6 +53,11 @@ ILP_BUDGET_S = 20.0
 MIN_SOLVE_S = 1.0
 
 
+def ilp_weight(lam: float) -> float:
+    """The ILP's memory weight for library weight ``lam`` (inf: 1 s per GB, least memory)."""
+    return 1e-9 if not math.isfinite(lam) else lam
+
+
 @dataclass
 class Library:
     layouts: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
@@ -152,7 +157,7 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
     spent = 0.0
     for group in groups:
         mesh, micro_batch, m, costs, (_, restrict, _) = work[group[0]]
-        weights = [1e-9 if not math.isfinite(work[i][4][0]) else work[i][4][0] for i in group]
+        weights = [ilp_weight(work[i][4][0]) for i in group]
         t0, c0 = time.perf_counter(), time.process_time()
         problem, dec = build_problem(ev.cm, ms, comp, mesh, micro_batch, micro_batches=m,
                                      in_flight=1, checkpoint=False, mem_weight=weights[0],

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoplan.cost.step import memory_zero, reductions_per_step
 from autoplan.planner.search.costs import BUCKETS, CORE_ACT, CORE_FWD, REDUCE_BYTES
 from autoplan.planner.grid.estimate import OVERLAP_COST
 from autoplan.planner.search.evaluate import Evaluator
@@ -495,13 +496,16 @@ def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCost
         memo["sync"] = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * base.bwd,
                                                      OVERLAP_COST * sync), 0.0)
     u = memo["sync"]
-    grads_div = div if zero >= 2 else 1
-    if zero == 2 and m > 1:
+    # a range that is the whole model runs as one stage, any other as a pipeline stage
+    reps = reductions_per_step(zero, m, pipelined=False)
+    if reps > 1:                    # reduce-scatters over every micro-batch's backward
         sc = base.scatter
         per_mb = np.where(sc > 0, np.maximum(sc - (1 - OVERLAP_COST) * base.bwd,
                                              OVERLAP_COST * sc), 0.0)
-        u = np.where(base.whole, m * per_mb, u)
-        grads_div = np.where(base.whole[:, None], div[None, :], 1.0)
+        u = np.where(base.whole, reps * per_mb, u)
+    grads_div = np.where(base.whole[:, None],
+                         div if memory_zero(zero, m, pipelined=False) >= 2 else 1.0,
+                         div if memory_zero(zero, m, pipelined=True) >= 2 else 1.0)
     if zero == 3:
         if "gather" not in memo:
             gat = base.gather
