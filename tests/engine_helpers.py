@@ -36,6 +36,7 @@ TINY = dict(vocab_size=128, seq_len=32, hidden=32, layers=4, heads=4, attention=
             dropout=0.0)
 #: The same size in Llama style (RMSNorm, SwiGLU, rotary, grouped-query attention).
 TINY_LLAMA = dict(TINY, style="llama", kv_heads=2, ffn_hidden=64)
+TINY_LLAMA_FUSED = dict(TINY_LLAMA, fused_qkv=True)      # Megatron-LM's linear_qkv layout
 _SOURCES = {k: "test fixture, not a real device" for k in ("peak_tflops", "memory_gb",
                                                              "memory_bandwidth_gbps")}
 _LINK = {"kind": "loopback", "bandwidth_gbps": 0.7, "latency_us": 140.0, "nics": 1}

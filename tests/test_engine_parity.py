@@ -15,7 +15,7 @@ import pytest
 
 from autoplan.plan import MemoryBreakdown, Prediction, TimeBreakdown
 from engine.launch import run_local
-from engine_helpers import TINY_LLAMA, losses, make_plan, max_rel_diff, run_plans
+from engine_helpers import TINY_LLAMA, TINY_LLAMA_FUSED, losses, make_plan, max_rel_diff, run_plans
 
 pytestmark = pytest.mark.multiproc
 
@@ -35,6 +35,8 @@ WORLD2 = {
                             num_micro_batches=4),
     "dp2_zero3_ckpt": dict(dp=2, zero=3, checkpoint=True),
     "tp2_sp_llama": dict(tp=2, sp=True, model=TINY_LLAMA),
+    # one q/k/v GEMM, column-parallel over whole key/value groups
+    "tp2_sp_llama_fused": dict(tp=2, sp=True, model=TINY_LLAMA_FUSED),
 }
 WORLD4 = {
     "dp2_tp2": dict(dp=2, tp=2, sp=True),
@@ -58,10 +60,11 @@ def _launch(nproc, out, plans):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """Single-process runs: the built-in GPT and its Llama-style twin."""
+    """Single-process runs: the built-in GPT, its Llama-style twin and that twin with a fused
+    q/k/v projection."""
     out = tmp_path_factory.mktemp("reference")
     refs = {}
-    for name, model in (("gpt", None), ("llama", TINY_LLAMA)):
+    for name, model in (("gpt", None), ("llama", TINY_LLAMA), ("llama_fused", TINY_LLAMA_FUSED)):
         path = make_plan(model=model).save(out / f"{name}.json")
         code = run_local(path, steps=STEPS, out_dir=out / name, extra_args=OPTIONS)
         assert code == 0
@@ -94,7 +97,7 @@ def _check(run_dir, ref, name):
 
 @pytest.mark.parametrize("name", sorted(WORLD2))
 def test_parity_two_ranks(world2, reference, name):
-    model = "llama" if "llama" in name else "gpt"
+    model = "llama_fused" if "fused" in name else "llama" if "llama" in name else "gpt"
     _check(world2, reference[model], name)
 
 

@@ -342,3 +342,50 @@ def test_trace_module_with_input_spec_or_batch():
     assert again.fingerprint == graph.fingerprint and len(again) == len(graph)
     with pytest.raises(ConfigError):
         trace_module(model)
+
+
+# ---- fused q/k/v projection (Megatron-LM's linear_qkv layout) ------------------------------
+
+def _fused_from_separate(attn_sep, attn_fused, cfg) -> None:
+    """Copy separate q/k/v weights into the fused projection's group layout
+    (:meth:`autoplan.models.gpt.Attention._split_qkv`)."""
+    hd, groups = cfg["hidden"] // cfg["heads"], cfg.get("kv_heads") or cfg["heads"]
+    rep = cfg["heads"] // groups
+    parts = [getattr(attn_sep, n) for n in ("q", "k", "v")]
+    w = [p.weight.view(groups, -1, hd, cfg["hidden"]) for p in parts]
+    attn_fused.qkv.weight.data.copy_(torch.cat(w, 1).reshape(-1, cfg["hidden"]))
+    if parts[0].bias is not None:
+        b = [p.bias.view(groups, -1, hd) for p in parts]
+        attn_fused.qkv.bias.data.copy_(torch.cat(b, 1).reshape(-1))
+    assert w[0].shape[1] == rep
+
+
+@pytest.mark.parametrize("extra", [dict(), dict(style="llama", kv_heads=2)])
+def test_fused_qkv_computes_the_separate_projections_and_traces_as_one_column_gemm(extra):
+    cfg = dict(vocab_size=97, seq_len=16, hidden=64, layers=2, heads=4, attention="eager",
+               **extra)
+    sep = build_model(resolve("gpt", **cfg), device="cpu")
+    sep.init_weights(seed=0)
+    fused = build_model(resolve("gpt", **cfg, fused_qkv=True), device="cpu")
+    fused.load_state_dict({k: v for k, v in sep.state_dict().items()
+                           if ".attn.q." not in k and ".attn.k." not in k
+                           and ".attn.v." not in k}, strict=False)
+    for i in ("0", "1"):
+        _fused_from_separate(sep.blocks[i].attn, fused.blocks[i].attn, cfg)
+    tokens = torch.randint(0, 97, (2, 16))
+    sep.eval(), fused.eval()
+    torch.testing.assert_close(fused(tokens, tokens), sep(tokens, tokens))
+
+    g_sep = trace(resolve("gpt", **cfg), 1, 16)
+    g_fused = trace(resolve("gpt", **cfg, fused_qkv=True), 1, 16)
+    assert _by_module(g_fused, 1)["blocks.0.attn.qkv"] == {"column"}
+    assert (g_fused.params["blocks.0.attn.qkv.weight"].tp_role,
+            g_fused.params["blocks.0.attn.qkv.weight"].tp_dim) == ("column", 0)
+    s_sep, s_fused = g_sep.layers[1].stats, g_fused.layers[1].stats
+    # the same arithmetic and TP collectives, one GEMM instead of three
+    assert s_fused.fwd_flops == pytest.approx(s_sep.fwd_flops, rel=1e-6)
+    assert s_fused.params_tp == s_sep.params_tp
+    assert s_fused.tp_allreduce_fwd_bytes == s_sep.tp_allreduce_fwd_bytes
+    gemms = lambda g: sum(1 for n in g.layers[1].nodes  # noqa: E731
+                          if g.nodes[n].op.startswith(("aten.addmm", "aten.mm")))
+    assert gemms(g_fused) == gemms(g_sep) - 2

@@ -2,7 +2,8 @@
 
 Written to be traced on the meta device and sharded by PyTorch's tensor-parallel styles:
 q, k, v are separate ``nn.Linear`` modules (so ``ColwiseParallel`` on each keeps the heads
-whole), heads are inferred with ``view(b, s, -1, head_dim)`` (so a TP-sharded local tensor
+whole) or, with ``fused_qkv``, one laid out by key/value group as Megatron-LM's (so a
+column-parallel shard holds whole groups: :meth:`Attention._split_qkv`), heads are inferred with ``view(b, s, -1, head_dim)`` (so a TP-sharded local tensor
 reshapes correctly), and blocks live in one ``nn.ModuleDict`` named ``blocks`` keyed
 ``"0"`` .. ``"L-1"`` (parameter FQNs ``blocks.3.attn.q.weight`` as with a ModuleList).
 
@@ -71,21 +72,40 @@ class Attention(nn.Module):
         self.cfg = cfg
         bias = cfg.style == "gpt"
         kv = (cfg.kv_heads or cfg.heads) * cfg.head_dim
-        self.q = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
-        self.k = nn.Linear(cfg.hidden, kv, bias=bias)
-        self.v = nn.Linear(cfg.hidden, kv, bias=bias)
+        if cfg.fused_qkv:
+            self.qkv = nn.Linear(cfg.hidden, cfg.hidden + 2 * kv, bias=bias)
+        else:
+            self.q = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+            self.k = nn.Linear(cfg.hidden, kv, bias=bias)
+            self.v = nn.Linear(cfg.hidden, kv, bias=bias)
         self.o = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.cp = None                   # ContextParallel, set by GPT.shard_sequence
 
+    def _split_qkv(self, t: torch.Tensor):
+        """q, k, v (b, s, heads, head_dim) from the fused projection's output, laid out
+        as Megatron-LM lays ``linear_qkv`` out: per key/value group, its ``heads/kv_heads``
+        query heads, then its key, then its value, (b, s, groups, heads/kv_heads + 2, hd).
+        A column-parallel shard of whole groups therefore holds its heads' queries, keys
+        and values, and ``-1`` infers the local number of groups."""
+        cfg = self.cfg
+        b, s = t.shape[:2]
+        rep = cfg.heads // (cfg.kv_heads or cfg.heads)
+        t = t.view(b, s, -1, rep + 2, cfg.head_dim)
+        q = t[:, :, :, :rep].reshape(b, s, -1, cfg.head_dim)
+        return q, t[:, :, :, rep], t[:, :, :, rep + 1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         b, s, _ = x.shape
         hd = cfg.head_dim
-        q = self.q(x).view(b, s, -1, hd)
-        k = self.k(x).view(b, s, -1, hd)
-        v = self.v(x).view(b, s, -1, hd)
+        if cfg.fused_qkv:
+            q, k, v = self._split_qkv(self.qkv(x))
+        else:
+            q = self.q(x).view(b, s, -1, hd)
+            k = self.k(x).view(b, s, -1, hd)
+            v = self.v(x).view(b, s, -1, hd)
         positions = None if self.cp is None else self.cp.positions(x.device)
         if cfg.style == "llama":
             q = _rotary(q, cfg.rope_theta, positions)

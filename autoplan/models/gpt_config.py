@@ -24,6 +24,9 @@ class GPTConfig:
     attention: Literal["eager", "sdpa"] = "sdpa"
     dropout: float = 0.0
     tie_embeddings: bool = False
+    # One q/k/v projection (Megatron-LM's ``linear_qkv`` / ``query_key_value``, MPT's
+    # ``Wqkv``): one GEMM of width (heads + 2 kv_heads) head_dim instead of three.
+    fused_qkv: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     # Mixture of experts (autoplan.models.moe): experts > 0 replaces every block's MLP by
