@@ -77,12 +77,13 @@ def test_bad_arguments_are_named(bad):
 
 def test_memory_models_closed_form_is_the_orders_count():
     """cost.memory.in_flight_micro_batches (closed form, cheap in the planners' loops) equals
-    the count on the order the engine runs."""
+    the count on the order the engine runs, also where pp does not divide m (torch's
+    interleaved rounds are then longer than pp, and so is the warm-up)."""
     from autoplan.cost.memory import in_flight_micro_batches
 
     for schedule in SCHEDULES:
         for pp, v, m in itertools.product(range(1, 6), (1, 2, 3), range(1, 13)):
-            if v > 1 and (schedule != "interleaved_1f1b" or m % pp):
+            if v > 1 and schedule != "interleaved_1f1b":
                 continue
             for r in range(pp):
                 assert in_flight_micro_batches(schedule, pp, r, m, v) == pytest.approx(

@@ -41,6 +41,7 @@ from typing import Mapping
 from autoplan.graph import LayerStats
 from autoplan.plan import SCHEDULES, MemoryBreakdown
 from autoplan.precision import PRECISIONS
+from autoplan.schedule import round_size
 
 #: Bytes per parameter: (params, grads, optimizer states) before any sharding.
 #: From :mod:`autoplan.precision` (mixed and mixed-fp16: 2 + 2 + 12, fp32: 4 + 4 + 8).
@@ -142,10 +143,14 @@ def in_flight_micro_batches(schedule: str, pp: int, stage: int, num_micro_batche
     * ``gpipe``: all forwards run before any backward: m.
     * ``1f1b``: rank r runs p - r - 1 warm-up forwards, then alternates one forward and one
       backward: min(p - r, m).
-    * ``interleaved_1f1b`` with v model chunks per rank: Megatron-LM's schedule runs
-      w = 2(p - r - 1) + (v - 1) p warm-up forwards of *chunks* (each 1/v of the stage), so
-      the peak is min(w + 1, m v) / v stage-micro-batches. On the first stage this is
-      p (1 + (p - 1) / (p v)), Korthikanti et al. 2022 sec. 4.2.3; v = 1 is plain 1F1B.
+    * ``interleaved_1f1b`` with v model chunks per rank: the schedule runs
+      w = 2(p - r - 1) + (v - 1) g warm-up forwards of *chunks* (each 1/v of the stage),
+      with g the micro-batches per round (:func:`autoplan.schedule.round_size`: p when p
+      divides m, as Megatron-LM requires; torch.distributed.pipelining's
+      ``ScheduleInterleaved1F1B`` takes m / max(1, m // p) otherwise, so a round can be
+      longer than p), and the peak is min(w + 1, m v) / v stage-micro-batches. With g = p
+      on the first stage this is p (1 + (p - 1) / (p v)), Korthikanti et al. 2022 sec.
+      4.2.3; v = 1 is plain 1F1B.
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -161,7 +166,7 @@ def in_flight_micro_batches(schedule: str, pp: int, stage: int, num_micro_batche
         return float(m)
     if schedule == "1f1b" or v == 1:
         return float(min(pp - stage, m))
-    warmup = 2 * (pp - stage - 1) + (v - 1) * pp
+    warmup = 2 * (pp - stage - 1) + (v - 1) * round_size(pp, m)
     return min(warmup + 1, m * v) / v
 
 
