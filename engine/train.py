@@ -47,7 +47,7 @@ from engine.metrics import (MemoryProbe, MetricsWriter, StepRecord, flops_per_to
                             format_table, peak_flops, summarize, truncate_metrics)
 from engine.model import model_info
 from engine.parallelize import parallelize_stage, resolve_precision
-from engine.pipeline import build_schedule, has_first_stage, has_last_stage
+from engine.pipeline import build_schedule, has_first_stage, has_last_stage, scatter_gather
 
 
 def _seed(*parts: Any) -> int:
@@ -101,6 +101,8 @@ class Trainer:
         p = plan.parallel
         self.schedule = None
         if p.pp > 1:
+            scatter_gather(dict(zip(pm.stages, self.chunks)), pm, tp=p.tp,
+                           sequence_parallel=p.sequence_parallel, seq_len=self.seq_len)
             self.schedule = build_schedule(dict(zip(pm.stages, self.chunks)), pm,
                                            schedule=p.schedule,
                                            num_micro_batches=p.num_micro_batches,

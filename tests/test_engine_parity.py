@@ -41,6 +41,8 @@ WORLD2 = {
 WORLD4 = {
     "dp2_tp2": dict(dp=2, tp=2, sp=True),
     "pp2_tp2": dict(pp=2, tp=2, sp=True, num_micro_batches=2),
+    # without SP: each TP rank sends its sequence slice, the next stage all-gathers them
+    "pp2_tp2_scatter_gather": dict(pp=2, tp=2, num_micro_batches=2),
     "pp2_dp2_zero2": dict(pp=2, dp=2, zero=2, num_micro_batches=2),
     # fewer micro-batches than stages: GPipe runs it (1F1B refuses), as the planners write it
     "pp4_gpipe_m2": dict(pp=4, schedule="gpipe", num_micro_batches=2),

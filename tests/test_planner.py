@@ -4,6 +4,7 @@ mesh checks at large world sizes)."""
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -148,6 +149,44 @@ print("ok", plan.world_size)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok 1024"
     assert isinstance(Plan.load(path), Plan)
+
+
+def test_pipeline_boundaries_send_sequence_slices_without_sequence_parallelism():
+    """engine.pipeline.scatter_gather on a fake process group of 2 TP ranks: a stage's
+    output leaves as this rank's half of the sequence (Megatron's scatter/gather, what
+    autoplan.cost.pipeline_comm prices), the next stage all-gathers the whole sequence; not
+    under sequence parallelism (the stream is sharded already) nor where tp does not divide
+    the sequence."""
+    import subprocess
+    import sys
+
+    code = """
+import torch, torch.nn as nn, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from engine.pipeline import scatter_gather
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+class PM:
+    tp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    num_stages = 3
+chunks = {i: nn.Identity() for i in range(3)}
+assert scatter_gather(chunks, PM, tp=2, sequence_parallel=False, seq_len=8)
+x = torch.randn(2, 8, 4, requires_grad=True)
+first = chunks[0](x)
+assert first.shape == (2, 4, 4) and torch.equal(first, x[:, :4])
+middle = chunks[1](first)
+assert middle.shape == (2, 4, 4)
+assert chunks[2](middle).shape == (2, 8, 4)
+middle.sum().backward()
+assert x.grad.shape == (2, 8, 4)
+assert not scatter_gather({0: nn.Identity()}, PM, tp=2, sequence_parallel=True, seq_len=8)
+assert not scatter_gather({0: nn.Identity()}, PM, tp=2, sequence_parallel=False, seq_len=7)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
 
 
 def test_user_module_by_import_path():
