@@ -65,11 +65,40 @@ class ContextParallel:
 
     def gather(self, t: torch.Tensor, dim: int) -> torch.Tensor:
         """All-gather ``t`` along ``dim`` over the group (rank order); its backward
-        reduce-scatters the gradient."""
-        from torch.distributed._functional_collectives import all_gather_single_autograd
-
-        return all_gather_single_autograd(t.contiguous(), dim, self.group)
+        reduce-scatters the gradient (:class:`_GatherAlong`)."""
+        return _GatherAlong.apply(t, dim, self.group)
 
     def causal_mask(self, device=None) -> torch.Tensor:
         """(local queries, all keys) boolean mask: a query sees keys at or before it."""
         return self.positions(device)[:, None] >= self.all_positions(device)[None, :]
+
+
+class _GatherAlong(torch.autograd.Function):
+    """All-gather along ``dim`` in rank order, and the reduce-scatter of its gradient, as
+    blocking c10d calls (``all_gather_into_tensor`` / ``reduce_scatter_tensor`` over dim 0,
+    the layout both use). The functional collectives' asynchronous tensors, which this
+    replaced, crashed gloo runs now and then with heap corruption (about one 20-step run in
+    nine of the README's context-parallel example); a blocking call leaves no buffer in
+    flight when the step moves on."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, dim: int, group) -> torch.Tensor:
+        import torch.distributed as dist
+
+        ctx.dim, ctx.group = dim, group
+        n = dist.get_world_size(group)
+        local = t.movedim(dim, 0).contiguous()
+        out = local.new_empty((n * local.shape[0], *local.shape[1:]))
+        dist.all_gather_into_tensor(out, local, group=group)
+        return out.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        n = dist.get_world_size(ctx.group)
+        whole = grad.movedim(ctx.dim, 0).contiguous()
+        out = whole.new_empty((whole.shape[0] // n, *whole.shape[1:]))
+        dist.reduce_scatter_tensor(out, whole, group=ctx.group)
+        return out.movedim(0, ctx.dim), None, None
+

@@ -85,11 +85,34 @@ def _local(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _exchange(x: torch.Tensor, group) -> torch.Tensor:
-    """All-to-all of ``x`` along dim 0 over ``group`` (differentiable: its backward is the
-    reverse all-to-all)."""
-    from torch.distributed._functional_collectives import all_to_all_single_autograd
+    """All-to-all of ``x`` along dim 0 over ``group`` in equal splits (differentiable: its
+    backward is the same all-to-all of the gradient)."""
+    return _AllToAll.apply(x, group)
 
-    return all_to_all_single_autograd(x.contiguous(), None, None, group)
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` in equal splits as a blocking c10d call, forward and backward
+    (as :class:`autoplan.models.context_parallel._GatherAlong` does for the all-gather: the
+    functional collectives' asynchronous tensors crashed gloo runs now and then)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        import torch.distributed as dist
+
+        ctx.group = group
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad, group=ctx.group)
+        return out, None
 
 
 def capacity_forward(hidden: torch.Tensor, top_k_index: torch.Tensor,
