@@ -135,6 +135,91 @@ def test_recomputed_layer_arrays_from_the_plain_ones_equal_a_full_build(small):
             assert np.array_equal(full.gathered, derived.gathered)
 
 
+def _loop_kind_table(ev, kind, mesh, micro_batch, layouts):
+    """``kind_table`` as the per-layout loop of Python sums it replaces (issue #18)."""
+    import math
+
+    from autoplan.planner.search.compose import transition_edges
+    from autoplan.planner.search.costs import BUCKETS, CORE_ACT, CORE_FWD
+
+    kc = ev.kind_costs(kind, mesh, micro_batch)
+    ms = ev.ms
+    l = ms.kinds[kind].layer
+    prev = ms.layer_kind[l - 1] if l else None
+
+    def shard(spec):
+        return math.prod(mesh.shape[a] for a in range(2)
+                         if spec is not None and spec[a].startswith("S"))
+
+    def imported(ch):
+        if l == 0:
+            return 0.0
+        kc_a, out = ev.kind_costs(prev, mesh, micro_batch), 0.0
+        for v, nbytes, specs in ms.imported(prev, kind, kc_a, kc):
+            out += nbytes / shard(specs[ch[v]])
+        return out
+
+    def kept(ch):
+        whole = ev.graph.layers[l].stats.input_bytes * micro_batch / ev.b0
+        if l == 0:
+            return whole
+        seen = {}
+        for e in transition_edges(ms, (prev, kind), ev.kind_costs(prev, mesh, micro_batch),
+                                  kc):
+            x = e.nbytes / shard(kc.in_info[(e.m, e.q)][1][ch[e.v]])
+            seen[(e.p, e.o)] = min(seen.get((e.p, e.o), math.inf), x)
+        return sum(seen.values()) if seen else whole
+
+    pos = [{int(k): i for i, k in enumerate(c)} for c in kc.cand]
+    valid = []
+    for lay in layouts:
+        idx = tuple(pos[ai].get(k) for ai, k in enumerate(lay))
+        if None not in idx and idx not in valid:
+            valid.append(idx)
+    rows = []
+    for ch in valid:
+        fb, bb, moved = ev.layer_buckets(kind, mesh, micro_batch, ch)
+        psi = np.zeros(len(BUCKETS))
+        for ai, j in enumerate(ch):
+            for bi, axes in enumerate(BUCKETS):
+                extra = moved.get(ai, ())
+                psi[BUCKETS.index(tuple(sorted(set(axes) | set(extra))))] += kc.psi[ai][j][bi]
+        rows.append(dict(
+            f=sum(kc.fwd[ai][j] for ai, j in enumerate(ch)),
+            b=sum(kc.bwd[ai][j] for ai, j in enumerate(ch)),
+            cf=ev._time(fb, mesh), cb=ev._time(bb, mesh),
+            act=sum(kc.act[ai][j] for ai, j in enumerate(ch)) + imported(ch),
+            kept=kept(ch), psi=psi.tolist(),
+            gathered=sum(kc.gathered[ai][j] for ai, j in enumerate(ch)),
+            sf=sum(kc.extra[ai][j, CORE_FWD] for ai, j in enumerate(ch)),
+            sact=sum(kc.extra[ai][j, CORE_ACT] for ai, j in enumerate(ch))))
+    return valid, rows
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.label())
+def test_kind_tables_equal_the_loop_over_layouts(small, mesh):
+    """kind_table's arrays over layouts equal the per-layout sums bit for bit, for every
+    kind (the first layer's, importing nothing, and those after it), at three micro-batches."""
+    problem, ms, ev = small
+    for micro_batch in (64, 16, 2):
+        for kind in ms.kinds:
+            kc = ev.kind_costs(kind, mesh, micro_batch)
+            rng = np.random.default_rng(len(kind) + micro_batch)
+            layouts = [tuple(int(c[rng.integers(len(c))]) for c in kc.cand)
+                       for _ in range(8)]
+            layouts.append(tuple(10 ** 6 for _ in kc.cand))      # invalid here: left out
+            table = kind_table(ev, kind, mesh, micro_batch, layouts)
+            valid, rows = _loop_kind_table(ev, kind, mesh, micro_batch, layouts)
+            assert table.layouts == valid
+            for field, values in (("f", table.f), ("b", table.b), ("cf", table.cf),
+                                  ("cb", table.cb), ("act", table.act),
+                                  ("kept", table.kept), ("psi", table.psi),
+                                  ("gathered", table.gathered), ("sf", table.sf),
+                                  ("sact", table.sact)):
+                assert values.tolist() == [float(r[field]) if field != "psi" else r[field]
+                                           for r in rows], (kind, micro_batch, field)
+
+
 def test_sparse_table_range_maxima():
     rng = np.random.default_rng(5)
     x = rng.random((3, 13))

@@ -102,6 +102,7 @@ class Evaluator:
         self._kc: dict[tuple[str, LogicalMesh, int], KindCosts] = {}
         self._trans: dict[tuple, tuple[float, float]] = {}
         self._edge_plans: dict[tuple, tuple[list, dict]] = {}
+        self._psi: dict[tuple, np.ndarray] = {}    # tables._psi: (kind, mesh, strategies)
         self.output_bytes = np.array([l.stats.output_bytes for l in ms.graph.layers],
                                      dtype=float)
         prov = cm.provenance

@@ -76,7 +76,13 @@ def _coll_vec(line: tuple[float, float], nbytes: np.ndarray) -> np.ndarray:
 
 def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
                layouts: list[tuple[int, ...]]) -> KindTable | None:
-    """Price the library ``layouts`` (strategy indices per anchor) valid on ``mesh``."""
+    """Price the library ``layouts`` (strategy indices per anchor) valid on ``mesh``.
+
+    Every figure of every layout at once, as arrays over the layouts: a sum over anchors
+    (or tensors) adds its terms in anchor (tensor) order, so each equals, bit for bit, the
+    per-layout loop of a Python ``sum`` (checked in tests/test_search_fast_paths.py); the
+    parameters per sync bucket, which do not depend on the micro-batch, are kept per
+    (kind, mesh, strategies) (:func:`_psi`)."""
     kc = ev.kind_costs(kind, mesh, micro_batch)
     pos = [{int(k): i for i, k in enumerate(c)} for c in kc.cand]
     valid = []
@@ -90,52 +96,93 @@ def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
         row_of[tuple(lay)] = valid.index(idx)
     if not valid:
         return None
-    rows = []
-    for ch in valid:
-        f = sum(kc.fwd[ai][j] for ai, j in enumerate(ch))
-        b = sum(kc.bwd[ai][j] for ai, j in enumerate(ch))
-        fb, bb, moved = ev.layer_buckets(kind, mesh, micro_batch, ch)
-        psi = np.zeros(len(BUCKETS))
-        for ai, j in enumerate(ch):
+    ch = np.array(valid, dtype=np.int64).reshape(len(valid), len(kc.anchors))
+
+    def total(per_anchor, col=None) -> np.ndarray:
+        out = None
+        for ai, values in enumerate(per_anchor):
+            x = values[ch[:, ai]] if col is None else values[ch[:, ai], col]
+            out = np.asarray(x, dtype=float) if out is None else out + x
+        return out
+
+    cf = np.empty(len(valid))
+    cb = np.empty(len(valid))
+    psi = np.empty((len(valid), len(BUCKETS)))
+    for r, c in enumerate(valid):
+        fb, bb, moved = ev.layer_buckets(kind, mesh, micro_batch, c)
+        cf[r], cb[r] = ev._time(fb, mesh), ev._time(bb, mesh)
+        psi[r] = _psi(ev, kc, c, moved)
+    act = total(kc.act) + _imported(ev, kind, mesh, micro_batch, ch)
+    return KindTable(valid, total(kc.fwd), total(kc.bwd), cf, cb, act,
+                     _kept(ev, kind, mesh, micro_batch, ch), psi, total(kc.gathered),
+                     row_of, total(kc.extra, CORE_FWD), total(kc.extra, CORE_ACT))
+
+
+def _psi(ev: Evaluator, kc, choice: tuple[int, ...], moved: dict) -> np.ndarray:
+    """Local parameters per sync bucket of ``choice`` (a Partial gradient deferred to a
+    sink, ``moved``, adds its axes to the anchor's buckets): the same at every micro-batch,
+    kept per (kind, mesh, strategies)."""
+    strategies = tuple(int(kc.cand[ai][j]) for ai, j in enumerate(choice))
+    key = (kc.kg.kind, kc.mesh, strategies)
+    hit = ev._psi.get(key)
+    if hit is None:
+        hit = np.zeros(len(BUCKETS))
+        for ai, j in enumerate(choice):
             p = kc.psi[ai][j]
             extra = moved.get(ai, ())
             for bi, axes in enumerate(BUCKETS):
-                psi[BUCKETS.index(tuple(sorted(set(axes) | set(extra))))] += p[bi]
-        act = sum(kc.act[ai][j] for ai, j in enumerate(ch)) + _imported(ev, kind, mesh,
-                                                                         micro_batch, ch)
-        rows.append((f, b, ev._time(fb, mesh), ev._time(bb, mesh), act,
-                     _kept(ev, kind, mesh, micro_batch, ch), psi,
-                     sum(kc.gathered[ai][j] for ai, j in enumerate(ch)),
-                     sum(kc.extra[ai][j, CORE_FWD] for ai, j in enumerate(ch)),
-                     sum(kc.extra[ai][j, CORE_ACT] for ai, j in enumerate(ch))))
-    arr = list(zip(*rows))
-    return KindTable(valid, *(np.array(a, dtype=float) for a in arr[:6]),
-                     np.array(arr[6]), np.array(arr[7], dtype=float), row_of,
-                     np.array(arr[8], dtype=float), np.array(arr[9], dtype=float))
+                hit[BUCKETS.index(tuple(sorted(set(axes) | set(extra))))] += p[bi]
+        ev._psi[key] = hit
+    return hit
 
 
-def _imported(ev: Evaluator, kind: str, mesh, micro_batch: int, ch) -> float:
+def _shard(mesh: LogicalMesh, specs: list) -> np.ndarray:
+    """Per candidate placement: the devices its Shard placements split a tensor over."""
+    return np.array([math.prod(mesh.shape[a] for a in range(2)
+                               if spec is not None and spec[a].startswith("S"))
+                     for spec in specs], dtype=np.int64)
+
+
+def _imported(ev: Evaluator, kind: str, mesh, micro_batch: int, ch: np.ndarray
+              ) -> np.ndarray:
+    """Per layout (rows of ``ch``): bytes a layer of ``kind`` keeps of the tensors it reads
+    from the previous layer, sharded as its consumers place them."""
+    out = np.zeros(len(ch))
     l = ev.ms.kinds[kind].layer
     if l == 0:
-        return 0.0
+        return out
     prev = ev.ms.layer_kind[l - 1]
     kc_a = ev.kind_costs(prev, mesh, micro_batch)
     kc_b = ev.kind_costs(kind, mesh, micro_batch)
-    out = 0.0
     for v, nbytes, specs in ev.ms.imported(prev, kind, kc_a, kc_b):
-        spec = specs[ch[v]]
-        out += nbytes / math.prod(mesh.shape[a] for a in range(2)
-                                  if spec is not None and spec[a].startswith("S"))
+        out = out + nbytes / _shard(mesh, specs)[ch[:, v]]
     return out
 
 
-def _kept(ev: Evaluator, kind: str, mesh, micro_batch: int, ch) -> float:
-    """Input bytes kept by a recomputed layer of ``kind``, as its consumers place them."""
-    from autoplan.planner.search.evaluate import StageChoice
+def _kept(ev: Evaluator, kind: str, mesh, micro_batch: int, ch: np.ndarray) -> np.ndarray:
+    """Per layout (rows of ``ch``): input bytes kept by a recomputed layer of ``kind``, as
+    its consumers place them (:meth:`Evaluator._kept_input` of a one-layer stage: per
+    tensor the least of its reads, summed in order of first read)."""
+    from autoplan.planner.search.compose import transition_edges
 
-    l = ev.ms.kinds[kind].layer
-    st = StageChoice(l, l + 1, mesh, ((kind, ch),))
-    return ev._kept_input(st, l, micro_batch)
+    ms = ev.ms
+    l = ms.kinds[kind].layer
+    whole = np.full(len(ch), ev.graph.layers[l].stats.input_bytes * micro_batch / ev.b0)
+    if l == 0:
+        return whole
+    prev = ms.layer_kind[l - 1]
+    kc_a = ev.kind_costs(prev, mesh, micro_batch)
+    kc_b = ev.kind_costs(kind, mesh, micro_batch)
+    seen: dict[tuple[int, int], np.ndarray] = {}
+    for e in transition_edges(ms, (prev, kind), kc_a, kc_b):
+        x = e.nbytes / _shard(mesh, kc_b.in_info[(e.m, e.q)][1])[ch[:, e.v]]
+        seen[(e.p, e.o)] = np.minimum(seen[(e.p, e.o)], x) if (e.p, e.o) in seen else x
+    if not seen:
+        return whole
+    out = None
+    for x in seen.values():
+        out = x if out is None else out + x
+    return out
 
 
 @dataclass
@@ -217,10 +264,12 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
 
 def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: int,
                 units: list[int], max_stages: int, tables: dict, arrays, *,
-                combos: list[tuple[float, int, bool]], memory: float) -> RangeTable:
+                combos: list[tuple[float, int, bool]], memory: float,
+                priced: "SharedRows | None" = None) -> RangeTable:
     """(module docstring) ``units``: layer index where each unit starts, plus the end;
     ``tables[(kind, mesh)]``: the :class:`KindTable` of each kind (None: no valid layout);
-    ``arrays(mesh, kt, pick, checkpoint)``: cached :func:`layer_arrays`.
+    ``arrays(mesh, kt, pick, checkpoint)``: cached :func:`layer_arrays`; ``priced``: the
+    :class:`SharedRows` of this micro-batch count, if the caller keeps one.
 
     Per mesh, the distinct (layouts, z, recomputation) of the combos are priced as the rows
     of one (rows x ranges) array (:func:`priced_rows`), and the fastest row that fits is
@@ -242,8 +291,8 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
         kt = {k: tables.get((k, mesh)) for k in kinds}
         if any(v is None for v in kt.values()):
             continue
-        rows, rc, picks = priced_rows(ev, mesh, micro_batch, m, kt, combos, arrays,
-                                      starts, ends)
+        rows, rc, picks = priced(mesh, kt, starts, ends) if priced is not None else \
+            priced_rows(ev, mesh, micro_batch, m, kt, combos, arrays, starts, ends)
         choice.update({(mi, ci): p for ci, p in enumerate(picks) if p is not None})
         if not rows:
             continue
@@ -564,3 +613,44 @@ def priced_rows(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, m: int, kt: 
     rc = RangeCosts(base.t[k_of], gather("u"), gather("states"), base.act[k_of],
                     gather("fixed"), base.send)
     return rows, rc, picks
+
+
+class SharedRows:
+    """:func:`priced_rows` of one micro-batch count, once per mesh over the ranges of all its
+    callers: the stage DP's unit ranges (:func:`range_table`) and the balanced pipelines'
+    chunks (``extra``: mesh size -> (starts, ends)). Every figure of a range depends on that
+    range alone (elementwise array operations), so a caller's columns equal, bit for bit,
+    those of a call over its ranges only (tests/test_search_fast_paths.py); the layouts per
+    combo (:func:`pick_layouts`) and the stacked layer arrays are computed once."""
+
+    def __init__(self, ev: Evaluator, micro_batch: int, m: int, combos, arrays,
+                 extra: dict[int, tuple[np.ndarray, np.ndarray]]):
+        self.ev, self.micro_batch, self.m = ev, micro_batch, m
+        self.combos, self.arrays, self.extra = combos, arrays, extra
+        self._done: dict[LogicalMesh, tuple] = {}
+
+    def __call__(self, mesh: LogicalMesh, kt: dict, a: np.ndarray, b: np.ndarray
+                 ) -> tuple[list[int], RangeCosts | None, list[dict[str, int] | None]]:
+        hit = self._done.get(mesh)
+        if hit is None:
+            ea, eb = self.extra.get(mesh.size, (a[:0], b[:0]))
+            both_a, both_b = np.concatenate([a, ea]), np.concatenate([b, eb])
+            rows, rc, picks = priced_rows(self.ev, mesh, self.micro_batch, self.m, kt,
+                                          self.combos, self.arrays, both_a, both_b)
+            col: dict[tuple[int, int], int] = {}
+            for k, key in enumerate(zip(both_a.tolist(), both_b.tolist())):
+                col.setdefault(key, k)
+            hit = self._done[mesh] = (rows, rc, picks, col)
+        rows, rc, picks, col = hit
+        if rc is None:
+            return rows, rc, picks
+        want = [col.get(key) for key in zip(a.tolist(), b.tolist())]
+        if None in want:                 # ranges nobody announced: priced on their own
+            return priced_rows(self.ev, mesh, self.micro_batch, self.m, kt, self.combos,
+                               self.arrays, a, b)
+        if want == list(range(len(want))):
+            idx = slice(0, len(want))
+        else:
+            idx = np.array(want, dtype=np.int64)
+        return rows, RangeCosts(rc.t[:, idx], rc.u[:, idx], rc.states[:, idx],
+                                rc.act[:, idx], rc.fixed[:, idx], rc.send[idx]), picks
