@@ -288,14 +288,16 @@ class Estimator:
         parallelism every per-token quantity is 1/cp of the micro-batch's (load-balanced
         causal chunks give every rank 1/cp of the attention work too).
 
-        Each layer's terms (:meth:`_layer_terms`) are computed once per configuration and
-        added here in layer order, each sum term by term as a loop computing them in place
-        adds them (issue #18: the grid asks for ~14,000 ranges, most layers in several)."""
+        Each layer's terms (:meth:`_layer_terms`) are computed once per configuration (once
+        per run of identical layers, :attr:`_term_rep`) and added here in layer order, each
+        sum term by term as a loop computing them in place adds them (issue #18: the grid
+        asks for ~14,000 ranges, most layers in several)."""
         fwd = bwd = tp_f = tp_b = act = peak = gathered = core = gemm_f = gemm_b = 0.0
         params = params_sp = experts = 0.0
+        rep = self._term_rep
         for i in range(start, end):
             (f, b, g_f, g_b, tp_fs, tp_bs, par, par_sp, expert, gath, core_i, act_i,
-             peak_i) = self._layer_terms(i, tp, sp, micro_batch, recompute, ep, cp,
+             peak_i) = self._layer_terms(rep[i], tp, sp, micro_batch, recompute, ep, cp,
                                          self._slices_input(i, start, sp))
             fwd += f
             bwd += b
@@ -318,6 +320,22 @@ class Estimator:
         cpu_f, cpu_b = self._shared_tp(start, end, tp, sp, micro_batch / self.b0, group)
         return (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
                 experts, core, gemm_f, gemm_b)
+
+    @functools.cached_property
+    def _term_rep(self) -> list[int]:
+        """Per layer: the first layer whose :meth:`_layer_terms` are its own for every
+        configuration -- everything they read is equal: the kind (its compute,
+        :meth:`_kind_time`), block or not, before the first block or not, the layer's
+        statistics, its activations split (:attr:`_stats`) and its sequence-sharded
+        replicated parameters. The first block, which may slice its input
+        (:meth:`_slice_reads` of its own inputs), stands for itself."""
+        first: dict[tuple, int] = {}
+        out = []
+        for i, layer in enumerate(self.graph.layers):
+            key = (layer.kind, _is_block(layer.name), i >= self._first_block, layer.stats,
+                   self._stats[i], self._replicated_params[i])
+            out.append(i if i == self._first_block else first.setdefault(key, i))
+        return out
 
     @functools.lru_cache(maxsize=None)
     def _layer_terms(self, i: int, tp: int, sp: bool, micro_batch: int, recompute: str,

@@ -534,6 +534,17 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
                      gathered, send)
 
 
+def _sum_last(x: np.ndarray) -> np.ndarray:
+    """``x.sum(axis=-1)`` for a short last axis (the four sync buckets), its columns added
+    in order: numpy adds a short axis in order too (bit for bit the same sums,
+    tests/test_search_fast_paths.py), but a reduction over a length-4 axis costs several
+    times four whole-array additions."""
+    out = x[..., 0].copy()
+    for k in range(1, x.shape[-1]):
+        out += x[..., k]
+    return out
+
+
 def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCosts:
     """:class:`RangeCosts` of ``base`` at ZeRO stage ``zero`` with ``m`` micro-batches.
     ZeRO-2 over m > 1 micro-batches as :mod:`autoplan.cost.step` prices it: a range that is
@@ -563,11 +574,11 @@ def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCost
         u = u + m * memo["gather"]
     key = "local" if zero >= 1 else "whole"
     if key not in memo:
-        memo[key] = (ps / div).sum(axis=-1) if zero >= 1 else ps.sum(axis=-1)
+        memo[key] = _sum_last(ps / div) if zero >= 1 else _sum_last(ps)
     u = u + ev.cm.compute.optimizer_time(1.0) * memo[key]
     p_b, g_b, o_b = ev.cm.state_bytes
-    states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / grads_div
-                    + o_b / (div if zero >= 1 else 1))).sum(axis=-1)
+    states = _sum_last(ps * (p_b / (div if zero >= 3 else 1) + g_b / grads_div
+                             + o_b / (div if zero >= 1 else 1)))
     fixed = base.peak
     if zero == 3 and synced:
         fixed = fixed + 2 * base.gathered * (ps[..., synced].sum(axis=-1) > 0)
