@@ -158,6 +158,7 @@ class CostModel:
         self._packed_cache: dict[tuple, PackedAnchor] = {}
         self._tensor_edges: dict[tuple, list[TensorEdge]] = {}
         self._edge_cache: dict[tuple, tuple] = {}
+        self._sinks: dict[str, frozenset[int]] = {}
         self._names = list(graph.nodes)
 
     # ---- primitives ----------------------------------------------------------------------
@@ -221,8 +222,6 @@ class CostModel:
         """Cost arrays of ``kg`` on ``mesh`` at ``micro_batch`` (module docstring).
         ``exported``: ops whose outputs the next layer reads; their saved bytes belong to
         that layer (which keeps its input), as in ``LayerStats.saved_bytes``."""
-        names = self.layer_nodes(kg)
-        nodes = [self.graph.nodes[n] for n in names]
         scale_b = micro_batch / self.b0
         anchors = kg.anchors
         cand, fwd, bwd, act, psi, gathered, out_specs = [], [], [], [], [], [], []
@@ -236,30 +235,32 @@ class CostModel:
                                  f"valid on a {mesh.label()} mesh at micro-batch "
                                  f"{micro_batch}")
             pr = pk.price(self, mesh, scale_b)
-            cand.append(pk.ks[keep])
             fwd.append(pr["fwd"][keep])
             bwd.append(pr["bwd"][keep])
             cfwd.append(pr["cf"][keep])
             cbwd.append(pr["cb"][keep])
             internal.append(Internal(pk, keep, scale_b))
             act.append(pr["act"][keep])
-            psi.append(pk.pvec[keep].reshape(len(keep), len(BUCKETS)))
-            gathered.append(pk.gbytes[keep])
-            tp_mm.append(pk.tp_matmuls[keep])
             extra.append(np.stack([pr["cof"][keep], pr["attn"][keep], pr["gf"][keep],
                                    pr["gb"][keep]], axis=1).reshape(len(keep), EXTRA))
-            everyone = len(keep) == pk.n
-            out_specs.append({key: vals if everyone else _kept(rows, vals, keep)
-                              for key, (rows, vals) in pk.o_specs.items()})
-            for key, (rows, vals) in pk.i_specs.items():
-                pairs = vals if everyone else _kept(rows, vals, keep)
-                in_info[key] = (ai, [v[0] for v in pairs], [v[1] for v in pairs])
+            # what depends on the valid rows only, not on the micro-batch's prices
+            kept = pk.kept(ai, keep)
+            cand.append(kept.cand)
+            psi.append(kept.psi)
+            gathered.append(kept.gathered)
+            tp_mm.append(kept.tp_matmuls)
+            out_specs.append(kept.out_specs)
+            in_info.update(kept.in_info)
         key = (kg.kind, kg.layer, micro_batch)      # the same on every mesh
         edges = self._tensor_edges.get(key)
         if edges is None:
+            nodes = [self.graph.nodes[n] for n in self.layer_nodes(kg)]
             edges = self._tensor_edges[key] = self._layer_edges(kg, nodes, scale_b)
+        sinks = self._sinks.get(kg.kind)
+        if sinks is None:
+            sinks = self._sinks[kg.kind] = grad_sinks(kg)
         return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
-                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
+                         act, psi, gathered, edges, out_specs, in_info, sinks,
                          tp_mm, extra)
 
     def _layer_edges(self, kg: KindGraph, nodes: list, scale_b: float) -> list[TensorEdge]:
@@ -439,12 +440,6 @@ class _Candidate:
 def _scaled(shape_probe, meta) -> bool:
     """Does a tensor grow with the batch (its probe shape differs from the traced one)?"""
     return tuple(shape_probe) != tuple(meta.shape)
-
-
-def _kept(rows: np.ndarray, vals: list, keep: np.ndarray) -> list:
-    """``vals`` (one per row in ``rows``) of the rows in ``keep``, in order."""
-    kept = set(keep.tolist())
-    return [v for r, v in zip(rows.tolist(), vals) if r in kept]
 
 
 def gathered_axes(move: tuple[Spec, Spec] | None) -> set[int]:
