@@ -325,6 +325,31 @@ def test_edge_matrices_equal_the_loop_over_candidate_pairs(small, mesh):
     assert checked > 10
 
 
+@pytest.mark.parametrize("s1", [1, 3, 9, 12])
+def test_fastest_fitting_per_position_equals_the_sorted_scan(monkeypatch, s1):
+    """Few positions: masked minima per position give the sorted scan's rows and values,
+    ties (first row), columns where nothing fits and fitting rows of infinite latency
+    included."""
+    from autoplan.planner.search import tables
+
+    rng = np.random.default_rng(s1)
+    unfit = 0
+    for memory in (1.0, 8.0, 12.0, 20.0):
+        r, p = int(rng.integers(1, 40)), int(rng.integers(1, 60))
+        lat = rng.integers(0, 6, (r, p)).astype(float)                # many ties
+        lat[rng.random((r, p)) < 0.1] = np.inf
+        states, act = rng.random((r, p)) * 10, rng.random((r, p)) * 3
+        act[rng.random((r, p)) < 0.2] = 0.0
+        fixed = rng.random((r, p)) * 2
+        fast = tables.fastest_fitting(lat, states, act, fixed, memory, s1)
+        monkeypatch.setattr(tables, "FEW_POSITIONS", 0)
+        slow = tables.fastest_fitting(lat, states, act, fixed, memory, s1)
+        monkeypatch.undo()
+        assert np.array_equal(fast[0], slow[0]) and np.array_equal(fast[1], slow[1])
+        unfit += int((~np.isfinite(fast[0])).sum())
+    assert unfit > 0
+
+
 def test_sparse_table_range_maxima():
     rng = np.random.default_rng(5)
     x = rng.random((3, 13))
