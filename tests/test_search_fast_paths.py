@@ -350,6 +350,66 @@ def test_fastest_fitting_per_position_equals_the_sorted_scan(monkeypatch, s1):
     assert unfit > 0
 
 
+def test_kept_rows_equal_direct_indexing(small):
+    """packed.Kept (what kind_costs takes of the valid rows, kept per valid set) equals
+    indexing the packed anchor's arrays and specs directly, for every valid set the
+    micro-batches give and for a set leaving rows out."""
+    problem, ms, ev = small
+    cm = ev.cm
+    mesh = LogicalMesh((4, 4), 8)
+    for kind, kg in ms.kinds.items():
+        for ai in range(len(kg.anchors)):
+            pk = cm._packed(kg, mesh.shape, ms.exported(kind), ai)
+            keeps = [pk.valid(mb / cm.b0) for mb in (64, 16, 2, 1)]
+            keeps.append(np.arange(pk.n)[::2])
+            for keep in keeps:
+                got = pk.kept(ai, keep)
+                assert got is pk.kept(ai, keep.copy())         # kept per valid set
+                assert np.array_equal(got.cand, pk.ks[keep])
+                assert np.array_equal(got.psi, pk.pvec[keep])
+                assert np.array_equal(got.gathered, pk.gbytes[keep])
+                assert np.array_equal(got.tp_matmuls, pk.tp_matmuls[keep])
+                rows = set(keep.tolist())
+                for key, (rs, vals) in pk.o_specs.items():
+                    assert got.out_specs[key] == [v for r, v in zip(rs.tolist(), vals)
+                                                  if r in rows]
+                for key, (rs, vals) in pk.i_specs.items():
+                    pairs = [v for r, v in zip(rs.tolist(), vals) if r in rows]
+                    assert got.in_info[key] == (ai, [v[0] for v in pairs],
+                                                [v[1] for v in pairs])
+
+
+def test_shared_rows_equal_priced_rows_per_caller(small):
+    """SharedRows prices a mesh once over the stage DP's ranges and the balanced chunks:
+    each caller's columns equal priced_rows over its own ranges, bit for bit; ranges
+    nobody announced are priced on their own."""
+    from autoplan.planner.search.search import _Workspace, layer_units
+    from autoplan.planner.search.library import build_library
+    from autoplan.planner.search.tables import SharedRows, priced_rows
+
+    problem, ms, ev = small
+    lib = build_library(ev, ms, problem.cluster.world_size, 64)
+    ws = _Workspace(ev, lib)
+    mesh, mb, m = LogicalMesh((4, 4), 8), 16, 4
+    kinds = list(dict.fromkeys(ms.layer_kind))
+    kt = {k: ws.kind_table(k, mesh, mb) for k in kinds}
+    combos = Combos([(lam, z, ck) for lam in (0.0, 1e-10) for z in (0, 2, 3)
+                     for ck in (False, True)] + [(c, 1, False) for c in lib.coherent()])
+    arrays = ws.layer_arrays(mb)
+    units = layer_units(ms, 32)
+    ui, uj = np.triu_indices(len(units), k=1)
+    a_dp, b_dp = np.array(units)[ui], np.array(units)[uj]
+    a_bal, b_bal = np.array([0, 2, 4]), np.array([2, 4, len(ms.layer_kind)])
+    shared = SharedRows(ev, mb, m, combos, arrays, {mesh.size: (a_bal, b_bal)})
+    a_new, b_new = np.array([1]), np.array([3])
+    for a, b in ((a_dp, b_dp), (a_bal, b_bal), (a_new, b_new)):
+        rows, rc, picks = shared(mesh, kt, a, b)
+        want_rows, want, want_picks = priced_rows(ev, mesh, mb, m, kt, combos, arrays, a, b)
+        assert rows == want_rows and picks == want_picks
+        for field in ("t", "u", "states", "act", "fixed", "send"):
+            assert np.array_equal(getattr(rc, field), getattr(want, field)), field
+
+
 def test_sparse_table_range_maxima():
     rng = np.random.default_rng(5)
     x = rng.random((3, 13))
