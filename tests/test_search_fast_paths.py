@@ -410,6 +410,25 @@ def test_shared_rows_equal_priced_rows_per_caller(small):
             assert np.array_equal(getattr(rc, field), getattr(want, field)), field
 
 
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.label())
+def test_replayed_transition_times_equal_the_direct_ones(small, mesh):
+    """transition_time replays a transition's recorded bucket additions with each
+    micro-batch's bytes: equal to pricing transition_buckets directly, at three
+    micro-batches (the second and third replaying the first's records)."""
+    problem, ms, ev = small
+    for micro_batch in (64, 16, 4):
+        for ka, kb in ms.transitions:
+            kc_a = ev.kind_costs(ka, mesh, micro_batch)
+            kc_b = ev.kind_costs(kb, mesh, micro_batch)
+            rng = np.random.default_rng(micro_batch)
+            for _ in range(6):
+                ca = tuple(int(rng.integers(len(c))) for c in kc_a.cand)
+                cb = tuple(int(rng.integers(len(c))) for c in kc_b.cand)
+                tf, tb, _ = ev.transition_buckets(ka, kb, mesh, micro_batch, ca, cb)
+                assert ev.transition_time(ka, kb, mesh, micro_batch, ca, cb) == \
+                    (ev._time(tf, mesh), ev._time(tb, mesh))
+
+
 def test_sparse_table_range_maxima():
     rng = np.random.default_rng(5)
     x = rng.random((3, 13))
