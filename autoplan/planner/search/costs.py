@@ -503,11 +503,6 @@ def edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[T
 
 def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[TensorEdge],
                    multi: set) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-    """(:func:`edge_matrices`) Per edge, the candidates of each side fall in a few classes
-    -- (output placement, Partial axes passed back) of the producer's, (input placement,
-    splits) of the consumer's -- and the resharding costs the same for a pair of classes:
-    priced once per pair of classes, then spread over the K_u x K_v matrix and added to the
-    (u, v) matrices in edge order (an impossible pair, a placement of None, is inf)."""
     mesh = kc_v.mesh
     out: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for e in edges:
@@ -519,28 +514,25 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
             out[key] = (np.zeros(shape), np.zeros(shape))
         fm, bm = out[key]
         drop_partial = e.u in multi
-        rows: dict[tuple, int] = {}
-        row_of = [rows.setdefault(
-            (s_spec, tuple(a for a in range(AXES) if passes_partial(kc_u.kg, e.p, k_i, a))),
-            len(rows)) for s_spec, k_i in zip(src, kc_u.cand[e.u].tolist())]
-        cols: dict[tuple, int] = {}
-        col_of = [cols.setdefault((d_spec, spl[j]), len(cols)) for j, d_spec in enumerate(dst)]
-        tf = np.empty((len(rows), len(cols)))
-        tb = np.empty((len(rows), len(cols)))
-        for (s_spec, passing), r in rows.items():
-            for (d_spec, split), c in cols.items():
+        memo: dict[tuple, tuple[float, float]] = {}      # the same placements, the same cost
+        for i, s_spec in enumerate(src):
+            k_i = kc_u.cand[e.u][i]
+            passing = tuple(a for a in range(AXES) if passes_partial(kc_u.kg, e.p, k_i, a))
+            for j, d_spec in enumerate(dst):
                 if s_spec is None or d_spec is None:
-                    tf[r, c] = tb[r, c] = math.inf
+                    fm[i, j] = bm[i, j] = math.inf
                     continue
-                tf[r, c] = cm.conversion_time(conversions(s_spec, d_spec, mesh.shape),
-                                              e.nbytes, mesh)
-                g = grad_spec(d_spec, split)
-                convs = tuple(c_ for c_ in conversions(g, required_grad(s_spec), mesh.shape)
-                              if not (g[c_.axis] == "P" and (
-                                  drop_partial or e.p in kc_u.sinks or
-                                  c_.axis in passing)))
-                tb[r, c] = cm.conversion_time(convs, e.nbytes, mesh)
-        at = np.ix_(np.array(row_of, dtype=np.int64), np.array(col_of, dtype=np.int64))
-        fm += tf[at]
-        bm += tb[at]
+                key = (s_spec, d_spec, spl[j], passing)
+                hit = memo.get(key)
+                if hit is None:
+                    tf = cm.conversion_time(conversions(s_spec, d_spec, mesh.shape), e.nbytes,
+                                            mesh)
+                    g = grad_spec(d_spec, spl[j])
+                    convs = tuple(c for c in conversions(g, required_grad(s_spec), mesh.shape)
+                                  if not (g[c.axis] == "P" and (
+                                      drop_partial or e.p in kc_u.sinks or
+                                      c.axis in passing)))
+                    hit = memo[key] = (tf, cm.conversion_time(convs, e.nbytes, mesh))
+                fm[i, j] += hit[0]
+                bm[i, j] += hit[1]
     return out
