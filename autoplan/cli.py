@@ -52,19 +52,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 #: millions of short-lived acyclic objects (cost arrays, dicts), and the default (700)
 #: runs a collection every 700 of them, about 0.7 CPU s of a GPT-39B plan (issue #18)
 GC_THRESHOLD = 20_000
+#: ... and its second-generation threshold (first-generation collections between two of
+#: the second): the default (10) runs a second-generation collection every 200,000
+#: allocations, each traversing what survived since the last -- torch's and the trace's
+#: long-lived objects, 50 ms apiece, 0.15 CPU s of a GPT-39B plan (issue #18)
+GC_THRESHOLD_1 = 100
 
 
 def _as_program(run) -> int:
-    """``run()`` as the whole process: the collector runs less often (:data:`GC_THRESHOLD`),
-    and the process ends with ``os._exit`` once the output is flushed and logging shut
-    down, skipping the interpreter's teardown of torch's modules (about 0.6 CPU s of every
+    """``run()`` as the whole process: the collector runs less often (:data:`GC_THRESHOLD`,
+    :data:`GC_THRESHOLD_1`), and the process ends with ``os._exit`` once the output is
+    flushed and logging shut down, skipping the interpreter's teardown of torch's modules (about 0.6 CPU s of every
     command, issue #18). Every file a command writes is written atomically and closed
     before it returns; argparse's SystemExit (``--help``, a usage error) keeps its status."""
     import gc
     import logging
     import os
 
-    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+    gc.set_threshold(GC_THRESHOLD, GC_THRESHOLD_1, gc.get_threshold()[2])
     try:
         code = run()
     except SystemExit as exc:
