@@ -505,6 +505,9 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
                    multi: set) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
     mesh = kc_v.mesh
     out: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    # the same placements, bytes and Partial rule, the same cost (across the edges too:
+    # a layer's activations are mostly of one size)
+    memo: dict[tuple, tuple[float, float]] = {}
     for e in edges:
         src = kc_u.out_spec[e.u][(e.p, e.o)]
         _, dst, spl = kc_v.in_info[(e.m, e.q)]
@@ -513,8 +516,7 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
             shape = (len(kc_u.cand[e.u]), len(kc_v.cand[e.v]))
             out[key] = (np.zeros(shape), np.zeros(shape))
         fm, bm = out[key]
-        drop_partial = e.u in multi
-        memo: dict[tuple, tuple[float, float]] = {}      # the same placements, the same cost
+        keep_partial = not (e.u in multi or e.p in kc_u.sinks)
         for i, s_spec in enumerate(src):
             k_i = kc_u.cand[e.u][i]
             passing = tuple(a for a in range(AXES) if passes_partial(kc_u.kg, e.p, k_i, a))
@@ -522,7 +524,7 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
                 if s_spec is None or d_spec is None:
                     fm[i, j] = bm[i, j] = math.inf
                     continue
-                key = (s_spec, d_spec, spl[j], passing)
+                key = (s_spec, d_spec, spl[j], passing, e.nbytes, keep_partial)
                 hit = memo.get(key)
                 if hit is None:
                     tf = cm.conversion_time(conversions(s_spec, d_spec, mesh.shape), e.nbytes,
@@ -530,8 +532,7 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
                     g = grad_spec(d_spec, spl[j])
                     convs = tuple(c for c in conversions(g, required_grad(s_spec), mesh.shape)
                                   if not (g[c.axis] == "P" and (
-                                      drop_partial or e.p in kc_u.sinks or
-                                      c.axis in passing)))
+                                      not keep_partial or c.axis in passing)))
                     hit = memo[key] = (tf, cm.conversion_time(convs, e.nbytes, mesh))
                 fm[i, j] += hit[0]
                 bm[i, j] += hit[1]
