@@ -265,6 +265,66 @@ def test_ilp_model_proto_equals_the_incremental_build(small, mesh):
             assert (a.choice, a.zero, a.objective) == (b.choice, b.zero, b.objective)
 
 
+def _loop_edge_matrices(cm, kc_u, kc_v, edges, multi):
+    """``costs._edge_matrices`` as a plain loop over candidate pairs, every cost computed."""
+    import math
+
+    from autoplan.planner.search.conversions import conversions, grad_spec, required_grad
+    from autoplan.planner.search.costs import passes_partial
+
+    mesh = kc_v.mesh
+    out = {}
+    for e in edges:
+        src = kc_u.out_spec[e.u][(e.p, e.o)]
+        _, dst, spl = kc_v.in_info[(e.m, e.q)]
+        if (e.u, e.v) not in out:
+            shape = (len(kc_u.cand[e.u]), len(kc_v.cand[e.v]))
+            out[(e.u, e.v)] = (np.zeros(shape), np.zeros(shape))
+        fm, bm = out[(e.u, e.v)]
+        for i, s_spec in enumerate(src):
+            k_i = kc_u.cand[e.u][i]
+            passing = tuple(a for a in range(2) if passes_partial(kc_u.kg, e.p, k_i, a))
+            for j, d_spec in enumerate(dst):
+                if s_spec is None or d_spec is None:
+                    fm[i, j] = bm[i, j] = math.inf
+                    continue
+                fm[i, j] += cm.conversion_time(conversions(s_spec, d_spec, mesh.shape),
+                                               e.nbytes, mesh)
+                g = grad_spec(d_spec, spl[j])
+                convs = tuple(c for c in conversions(g, required_grad(s_spec), mesh.shape)
+                              if not (g[c.axis] == "P" and (
+                                  e.u in multi or e.p in kc_u.sinks or c.axis in passing)))
+                bm[i, j] += cm.conversion_time(convs, e.nbytes, mesh)
+    return out
+
+
+@pytest.mark.parametrize("mesh", MESHES, ids=lambda m: m.label())
+def test_edge_matrices_equal_the_loop_over_candidate_pairs(small, mesh):
+    """Resharding matrices with costs shared by edges of the same bytes equal the
+    pair-by-pair loop bit for bit, within each kind and across each transition, with and
+    without producers whose Partial gradients are summed once."""
+    from autoplan.planner.search.compose import transition_edges
+    from autoplan.planner.search.costs import _edge_matrices
+
+    problem, ms, ev = small
+    cases = [(ev.kind_costs(k, mesh, 16), ev.kind_costs(k, mesh, 16), None)
+             for k in ms.kinds]
+    cases += [(ev.kind_costs(a, mesh, 16), ev.kind_costs(b, mesh, 16), (a, b))
+              for a, b in ms.transitions]
+    checked = 0
+    for kc_u, kc_v, pair in cases:
+        edges = kc_u.edges if pair is None else transition_edges(ms, pair, kc_u, kc_v)
+        for multi in (set(), {e.u for e in edges[::2]}):
+            got = _edge_matrices(ev.cm, kc_u, kc_v, edges, multi)
+            want = _loop_edge_matrices(ev.cm, kc_u, kc_v, edges, multi)
+            assert got.keys() == want.keys()
+            for key in want:
+                assert np.array_equal(got[key][0], want[key][0])
+                assert np.array_equal(got[key][1], want[key][1])
+                checked += 1
+    assert checked > 10
+
+
 def test_kept_rows_equal_direct_indexing(small):
     """packed.Kept (what kind_costs takes of the valid rows, kept per valid set) equals
     indexing the packed anchor's arrays and specs directly, for every valid set the
