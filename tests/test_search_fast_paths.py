@@ -404,6 +404,23 @@ def test_replayed_transition_times_equal_the_direct_ones(small, mesh):
                     (ev._time(tf, mesh), ev._time(tb, mesh))
 
 
+def test_cached_shards_equal_the_direct_products():
+    """costs._shards (cached) gives each sharded dim, in the set's order, with the product
+    of the sizes of the axes sharding it, as the structure computed it in place."""
+    import math
+
+    from autoplan.placement import shard_dim
+    from autoplan.planner.search.costs import _shards
+
+    from autoplan.planner.search.strategies import basic_specs
+
+    for spec in basic_specs(4, partial=True):
+        for sizes in ((1, 8), (2, 4), (8, 1), (4, 4), (64, 8)):
+            want = tuple((d, math.prod(sizes[x] for x in range(2) if shard_dim(spec[x]) == d))
+                         for d in {shard_dim(p) for p in spec if p.startswith("S")})
+            assert _shards(spec, sizes) == want
+
+
 def test_sparse_table_range_maxima():
     rng = np.random.default_rng(5)
     x = rng.random((3, 13))

@@ -333,10 +333,9 @@ class CostModel:
                     + list(zip(s.outputs, info.output_shapes, node.output_meta)):
                 if spec is None:
                     continue
-                for d in {shard_dim(p) for p in spec if p.startswith("S")}:
+                for d, n in _shards(spec, sizes):
                     if d >= len(meta.shape):
                         return None
-                    n = math.prod(sizes[x] for x in range(AXES) if shard_dim(spec[x]) == d)
                     scaled = shape_p[d] != meta.shape[d]
                     if not scaled and meta.shape[d] % n:
                         return None
@@ -362,7 +361,7 @@ class CostModel:
                                                             node.input_meta, acts)
                              if act and _scaled(pshape, m)), None)
             batch_split = math.prod(sizes[x] for x in range(AXES) if split[x] and out0
-                                    is not None and shard_dim(out0[x]) == 0)
+                                    is not None and _dim(out0[x]) == 0)
             rec.ops.append((node.name, n_split // batch_split, batch_split, batchy))
             move = kg.reshard.get(pos, {}).get(k)
             q = next((j for j, act in enumerate(acts) if act), None)
@@ -417,6 +416,20 @@ class CostModel:
                 rec.gbytes += local * self.param_bytes
             rec.tp_matmuls += tp_matmul
         return rec
+
+
+#: shard_dim of a placement string, cached (a pure function the structure asks ~80,000
+#: times of a handful of strings)
+_dim = functools.lru_cache(maxsize=None)(shard_dim)
+
+
+@functools.lru_cache(maxsize=None)
+def _shards(spec: Spec, sizes: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """(tensor dim, devices it is split over) of each dim ``spec`` shards on a mesh of
+    ``sizes``: the dims in the order of the set of them, each with the product of the
+    sizes of the axes sharding it."""
+    return tuple((d, math.prod(sizes[x] for x in range(AXES) if _dim(spec[x]) == d))
+                 for d in {_dim(p) for p in spec if p.startswith("S")})
 
 
 @dataclass
