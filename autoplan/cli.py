@@ -63,8 +63,9 @@ def _as_program(run) -> int:
     """``run()`` as the whole process: the collector runs less often (:data:`GC_THRESHOLD`,
     :data:`GC_THRESHOLD_1`), and the process ends with ``os._exit`` once the output is
     flushed and logging shut down, skipping the interpreter's teardown of torch's modules
-    (about 0.6 CPU s of every command, issue #18). Every file a command writes is written atomically and closed
-    before it returns; argparse's SystemExit (``--help``, a usage error) keeps its status."""
+    (about 0.6 CPU s of every command, issue #18). Every file a command writes is written
+    atomically and closed before it returns; argparse's SystemExit (``--help``, a usage
+    error) keeps its status."""
     import gc
     import logging
     import os

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
-
 from autoplan.api import prepare
 from autoplan.cost.memory import activation_bytes, selective_peak_bytes
 from autoplan.models import resolve

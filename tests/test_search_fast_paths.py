@@ -22,8 +22,8 @@ from autoplan.planner.search.intra_op import solve, solve_weights
 from autoplan.planner.search.library import LAMBDAS, ilp_weight
 from autoplan.planner.search.mesh import LogicalMesh
 from autoplan.planner.search.packed import PackedAnchor
-from autoplan.planner.search.tables import (Combos, _sparse_table, kind_table, layer_arrays,
-                                            pick_layouts)
+from autoplan.planner.search.kind_tables import kind_table
+from autoplan.planner.search.tables import Combos, _sparse_table, layer_arrays, pick_layouts
 from stage_tables import random_stage_table
 
 GPT_SMALL = dict(vocab_size=8192, hidden=1024, layers=4, heads=16, seq_len=1024)

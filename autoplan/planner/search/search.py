@@ -15,8 +15,9 @@ Steps (timings in ``SearchResult.seconds``):
    m is split over each stage's batch-sharded axes):
 
    * price every layout of every kind on every submesh's logical meshes
-     (:func:`~autoplan.planner.search.tables.kind_table`), and every unit range on every submesh
-     at every pipeline position (:func:`~autoplan.planner.search.tables.range_table`): the best
+     (:func:`~autoplan.planner.search.kind_tables.kind_table`), and every unit range on
+     every submesh at every pipeline position
+     (:func:`~autoplan.planner.search.tables.range_table`): the best
      (layouts, ZeRO stage, recomputation) that fits in device memory -- recomputation none,
      full or selective (the attention core, :mod:`autoplan.cost.recompute`; where blocks
      keep attention matrices), per stage, a plan never mixing full and selective stages;
@@ -59,8 +60,9 @@ from autoplan.planner.search.evaluate import Evaluator, PipelineChoice, StageCho
 from autoplan.planner.search.inter_op import pipeline_dp
 from autoplan.planner.search.library import LAMBDAS, Library, build_library
 from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
-from autoplan.planner.search.tables import (INF, Combos, KindTable, LayerArrays, SharedRows,
-                                            kind_table, layer_arrays, range_table)
+from autoplan.planner.search.kind_tables import KindTable, kind_table
+from autoplan.planner.search.tables import (INF, Combos, LayerArrays, SharedRows, layer_arrays,
+                                            range_table)
 from autoplan.schedule import runs_micro_batches
 
 log = logging.getLogger(__name__)
