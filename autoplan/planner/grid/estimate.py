@@ -284,75 +284,125 @@ class Estimator:
         tp: those of sequence-sharded replicated ops; expert weights, split over ep),
         activations, the recompute peak, the largest gathered layer, the TP communication
         as issued on shared CPU cores, the recomputed attention cores' forward (``recompute``
-        'selective') and the TP-sharded GEMMs' forward and backward. Under context parallelism every per-token quantity is
-        1/cp of the micro-batch's (load-balanced causal chunks give every rank 1/cp of the
-        attention work too)."""
-        scale = micro_batch / self.b0
-        tok = scale / cp
+        'selective') and the TP-sharded GEMMs' forward and backward. Under context
+        parallelism every per-token quantity is 1/cp of the micro-batch's (load-balanced
+        causal chunks give every rank 1/cp of the attention work too).
+
+        Each layer's terms (:meth:`_layer_terms`) are computed once per configuration (once
+        per run of identical layers, :attr:`_term_rep`) and added here in layer order, each
+        sum term by term as a loop computing them in place adds them (issue #18: the grid
+        asks for ~14,000 ranges, most layers in several)."""
         fwd = bwd = tp_f = tp_b = act = peak = gathered = core = gemm_f = gemm_b = 0.0
         params = params_sp = experts = 0.0
+        rep = self._term_rep
+        for i in range(start, end):
+            (f, b, g_f, g_b, tp_fs, tp_bs, par, par_sp, expert, gath, core_i, act_i,
+             peak_i) = self._layer_terms(rep[i], tp, sp, micro_batch, recompute, ep, cp,
+                                         self._slices_input(i, start, sp))
+            fwd += f
+            bwd += b
+            gemm_f += g_f
+            gemm_b += g_b
+            for x in tp_fs:
+                tp_f += x
+            for x in tp_bs:
+                tp_b += x
+            params += par
+            params_sp += par_sp
+            experts += expert
+            gathered = max(gathered, gath)
+            if core_i is not None:
+                core += core_i
+            act += act_i
+            if peak_i is not None:
+                peak = max(peak, peak_i)
+        group = self._axis_group(tp, 1)
+        cpu_f, cpu_b = self._shared_tp(start, end, tp, sp, micro_batch / self.b0, group)
+        return (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
+                experts, core, gemm_f, gemm_b)
+
+    @functools.cached_property
+    def _term_rep(self) -> list[int]:
+        """Per layer: the first layer whose :meth:`_layer_terms` are its own for every
+        configuration -- everything they read is equal: the kind (its compute,
+        :meth:`_kind_time`), block or not, before the first block or not, the layer's
+        statistics, its activations split (:attr:`_stats`) and its sequence-sharded
+        replicated parameters. The first block, which may slice its input
+        (:meth:`_slice_reads` of its own inputs), stands for itself."""
+        first: dict[tuple, int] = {}
+        out = []
+        for i, layer in enumerate(self.graph.layers):
+            key = (layer.kind, _is_block(layer.name), i >= self._first_block, layer.stats,
+                   self._stats[i], self._replicated_params[i])
+            out.append(i if i == self._first_block else first.setdefault(key, i))
+        return out
+
+    @functools.lru_cache(maxsize=None)
+    def _layer_terms(self, i: int, tp: int, sp: bool, micro_batch: int, recompute: str,
+                     ep: int, cp: int, sliced: bool) -> tuple:
+        """Layer ``i``'s terms of :meth:`_layers`' sums (``sliced``: it slices its input,
+        :meth:`_slices_input`): compute f, b, GEMM f, b (each / cp), the TP / expert /
+        key-value collectives added to the forward and backward communication (in the order
+        they are added), parameters (local, sequence-sharded replicated, experts), gathered
+        parameter bytes, the recomputed attention core (None unless selective), activations
+        and the recompute peak (None without recomputation)."""
+        scale = micro_batch / self.b0
+        tok = scale / cp
         group = self._axis_group(tp, 1)
         cp_group = self._axis_group(cp, tp)
         ep_group = self._axis_group(ep, cp * tp)
-        for i in range(start, end):
-            layer = self.graph.layers[i]
-            st = layer.stats
-            sp_l = self._sequence_sharded(i, sp)
-            f, b, core_f, g_f, g_b = self._kind_time(i, tp, sp_l, micro_batch)
-            fwd += f / cp
-            bwd += b / cp
-            gemm_f += g_f / cp
-            gemm_b += g_b / cp
-            sliced = self._slices_input(i, start, sp)
-            if tp > 1:
-                cf, cb = self._tp_comm(st, tok, sp_l, group,
-                                       self._slice_reads(i)[1] * tok if sliced else 0.0)
-                tp_f += cf
-                tp_b += cb
-            if ep > 1 and st.moe_a2a_bytes:
-                one = self.comm.time("all_to_all", st.moe_a2a_bytes * tok, ep_group)
-                tp_f += 2 * one                 # dispatch + combine
-                tp_b += 2 * one
-            kv_extra = 0.0
-            if cp > 1 and st.kv_bytes:
-                kv = st.kv_bytes * scale / tp   # the whole sequences' keys and values
-                tp_f += self.comm.time("all_gather", kv, cp_group)
-                tp_b += self.comm.time("reduce_scatter", kv, cp_group)
-                kv_extra = kv * (cp - 1) / cp   # gathered, saved for backward
-            e_tp = st.expert_params_tp
-            expert = (e_tp / tp + st.expert_params - e_tp) / ep
-            local = (st.params_tp - e_tp) / tp + (st.params - st.params_tp
-                                                  - st.expert_params + e_tp)
-            synced_tp = self._replicated_params[i] if sp_l else 0.0
-            params += local - synced_tp
-            params_sp += synced_tp
-            experts += expert
-            gathered = max(gathered, (local + expert) * self.param_bytes)
-            block = _is_block(layer.name)
-            ckpt = recompute == "full" and block
-            selective = recompute == "selective" and block
-            grown, fixed = self._stats[i]
-            full = activation_bytes(grown, tp=tp, sequence_parallel=sp_l, checkpoint=False,
-                                    micro_batch_scale=tok,
-                                    flash_attention=self.flash_attention) + fixed + kv_extra
-            if selective:        # the attention core recomputed: its matrices not kept
-                core += core_f / cp
-                act += activation_bytes(grown, tp=tp, sequence_parallel=sp_l,
-                                        micro_batch_scale=tok, selective=True,
-                                        flash_attention=self.flash_attention) + fixed + kv_extra
-                peak = max(peak, selective_peak_bytes(grown, tp=tp, micro_batch_scale=tok,
-                                                      flash_attention=self.flash_attention))
-            elif ckpt:
-                # the kept input, sharded as it arrives (replicated from the embeddings)
-                act += activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
-                                        checkpoint=True, micro_batch_scale=tok,
+        layer = self.graph.layers[i]
+        st = layer.stats
+        sp_l = self._sequence_sharded(i, sp)
+        f, b, core_f, g_f, g_b = self._kind_time(i, tp, sp_l, micro_batch)
+        tp_f: list[float] = []
+        tp_b: list[float] = []
+        if tp > 1:
+            cf, cb = self._tp_comm(st, tok, sp_l, group,
+                                   self._slice_reads(i)[1] * tok if sliced else 0.0)
+            tp_f.append(cf)
+            tp_b.append(cb)
+        if ep > 1 and st.moe_a2a_bytes:
+            one = self.comm.time("all_to_all", st.moe_a2a_bytes * tok, ep_group)
+            tp_f.append(2 * one)                # dispatch + combine
+            tp_b.append(2 * one)
+        kv_extra = 0.0
+        if cp > 1 and st.kv_bytes:
+            kv = st.kv_bytes * scale / tp       # the whole sequences' keys and values
+            tp_f.append(self.comm.time("all_gather", kv, cp_group))
+            tp_b.append(self.comm.time("reduce_scatter", kv, cp_group))
+            kv_extra = kv * (cp - 1) / cp       # gathered, saved for backward
+        e_tp = st.expert_params_tp
+        expert = (e_tp / tp + st.expert_params - e_tp) / ep
+        local = (st.params_tp - e_tp) / tp + (st.params - st.params_tp
+                                              - st.expert_params + e_tp)
+        synced_tp = self._replicated_params[i] if sp_l else 0.0
+        block = _is_block(layer.name)
+        ckpt = recompute == "full" and block
+        selective = recompute == "selective" and block
+        grown, fixed = self._stats[i]
+        full = activation_bytes(grown, tp=tp, sequence_parallel=sp_l, checkpoint=False,
+                                micro_batch_scale=tok,
+                                flash_attention=self.flash_attention) + fixed + kv_extra
+        core = peak = None
+        if selective:            # the attention core recomputed: its matrices not kept
+            core = core_f / cp
+            act = activation_bytes(grown, tp=tp, sequence_parallel=sp_l,
+                                   micro_batch_scale=tok, selective=True,
+                                   flash_attention=self.flash_attention) + fixed + kv_extra
+            peak = selective_peak_bytes(grown, tp=tp, micro_batch_scale=tok,
                                         flash_attention=self.flash_attention)
-                peak = max(peak, full)
-            else:
-                act += full
-        cpu_f, cpu_b = self._shared_tp(start, end, tp, sp, scale, group)
-        return (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
-                experts, core, gemm_f, gemm_b)
+        elif ckpt:
+            # the kept input, sharded as it arrives (replicated from the embeddings)
+            act = activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
+                                   checkpoint=True, micro_batch_scale=tok,
+                                   flash_attention=self.flash_attention)
+            peak = full
+        else:
+            act = full
+        return (f / cp, b / cp, g_f / cp, g_b / cp, tuple(tp_f), tuple(tp_b),
+                local - synced_tp, synced_tp, expert, (local + expert) * self.param_bytes,
+                core, act, peak)
 
     def _shared_tp(self, start: int, end: int, tp: int, sp: bool, scale: float, group: Group
                    ) -> tuple[float, float]:

@@ -54,12 +54,15 @@ def splits(strategy: Strategy, activation_inputs: tuple[bool, ...]) -> tuple[boo
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=65536)
 def grad_spec(spec: Spec, split: tuple[bool, ...]) -> Spec:
-    """Placement of the gradient a consumer hands back for an input placed ``spec``."""
+    """Placement of the gradient a consumer hands back for an input placed ``spec`` (a pure
+    function, cached: the search asks it for every pair of candidates of every edge)."""
     return tuple("R" if p == "P" else ("P" if p == "R" and split[a] else p)
                  for a, p in enumerate(spec))
 
 
+@functools.lru_cache(maxsize=65536)
 def required_grad(spec: Spec) -> Spec:
-    """Placement a producer needs its output's gradient in."""
+    """Placement a producer needs its output's gradient in (cached as :func:`grad_spec`)."""
     return tuple("R" if p == "P" else p for p in spec)

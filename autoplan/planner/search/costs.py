@@ -158,6 +158,7 @@ class CostModel:
         self._packed_cache: dict[tuple, PackedAnchor] = {}
         self._tensor_edges: dict[tuple, list[TensorEdge]] = {}
         self._edge_cache: dict[tuple, tuple] = {}
+        self._sinks: dict[str, frozenset[int]] = {}
         self._names = list(graph.nodes)
 
     # ---- primitives ----------------------------------------------------------------------
@@ -221,8 +222,6 @@ class CostModel:
         """Cost arrays of ``kg`` on ``mesh`` at ``micro_batch`` (module docstring).
         ``exported``: ops whose outputs the next layer reads; their saved bytes belong to
         that layer (which keeps its input), as in ``LayerStats.saved_bytes``."""
-        names = self.layer_nodes(kg)
-        nodes = [self.graph.nodes[n] for n in names]
         scale_b = micro_batch / self.b0
         anchors = kg.anchors
         cand, fwd, bwd, act, psi, gathered, out_specs = [], [], [], [], [], [], []
@@ -236,30 +235,32 @@ class CostModel:
                                  f"valid on a {mesh.label()} mesh at micro-batch "
                                  f"{micro_batch}")
             pr = pk.price(self, mesh, scale_b)
-            cand.append(pk.ks[keep])
             fwd.append(pr["fwd"][keep])
             bwd.append(pr["bwd"][keep])
             cfwd.append(pr["cf"][keep])
             cbwd.append(pr["cb"][keep])
             internal.append(Internal(pk, keep, scale_b))
             act.append(pr["act"][keep])
-            psi.append(pk.pvec[keep].reshape(len(keep), len(BUCKETS)))
-            gathered.append(pk.gbytes[keep])
-            tp_mm.append(pk.tp_matmuls[keep])
             extra.append(np.stack([pr["cof"][keep], pr["attn"][keep], pr["gf"][keep],
                                    pr["gb"][keep]], axis=1).reshape(len(keep), EXTRA))
-            everyone = len(keep) == pk.n
-            out_specs.append({key: vals if everyone else _kept(rows, vals, keep)
-                              for key, (rows, vals) in pk.o_specs.items()})
-            for key, (rows, vals) in pk.i_specs.items():
-                pairs = vals if everyone else _kept(rows, vals, keep)
-                in_info[key] = (ai, [v[0] for v in pairs], [v[1] for v in pairs])
+            # what depends on the valid rows only, not on the micro-batch's prices
+            kept = pk.kept(ai, keep)
+            cand.append(kept.cand)
+            psi.append(kept.psi)
+            gathered.append(kept.gathered)
+            tp_mm.append(kept.tp_matmuls)
+            out_specs.append(kept.out_specs)
+            in_info.update(kept.in_info)
         key = (kg.kind, kg.layer, micro_batch)      # the same on every mesh
         edges = self._tensor_edges.get(key)
         if edges is None:
+            nodes = [self.graph.nodes[n] for n in self.layer_nodes(kg)]
             edges = self._tensor_edges[key] = self._layer_edges(kg, nodes, scale_b)
+        sinks = self._sinks.get(kg.kind)
+        if sinks is None:
+            sinks = self._sinks[kg.kind] = grad_sinks(kg)
         return KindCosts(kg, mesh, micro_batch, anchors, cand, fwd, bwd, cfwd, cbwd, internal,
-                         act, psi, gathered, edges, out_specs, in_info, grad_sinks(kg),
+                         act, psi, gathered, edges, out_specs, in_info, sinks,
                          tp_mm, extra)
 
     def _layer_edges(self, kg: KindGraph, nodes: list, scale_b: float) -> list[TensorEdge]:
@@ -332,10 +333,9 @@ class CostModel:
                     + list(zip(s.outputs, info.output_shapes, node.output_meta)):
                 if spec is None:
                     continue
-                for d in {shard_dim(p) for p in spec if p.startswith("S")}:
+                for d, n in _shards(spec, sizes):
                     if d >= len(meta.shape):
                         return None
-                    n = math.prod(sizes[x] for x in range(AXES) if shard_dim(spec[x]) == d)
                     scaled = shape_p[d] != meta.shape[d]
                     if not scaled and meta.shape[d] % n:
                         return None
@@ -361,7 +361,7 @@ class CostModel:
                                                             node.input_meta, acts)
                              if act and _scaled(pshape, m)), None)
             batch_split = math.prod(sizes[x] for x in range(AXES) if split[x] and out0
-                                    is not None and shard_dim(out0[x]) == 0)
+                                    is not None and _dim(out0[x]) == 0)
             rec.ops.append((node.name, n_split // batch_split, batch_split, batchy))
             move = kg.reshard.get(pos, {}).get(k)
             q = next((j for j, act in enumerate(acts) if act), None)
@@ -418,6 +418,20 @@ class CostModel:
         return rec
 
 
+#: shard_dim of a placement string, cached (a pure function the structure asks ~80,000
+#: times of a handful of strings)
+_dim = functools.lru_cache(maxsize=None)(shard_dim)
+
+
+@functools.lru_cache(maxsize=None)
+def _shards(spec: Spec, sizes: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """(tensor dim, devices it is split over) of each dim ``spec`` shards on a mesh of
+    ``sizes``: the dims in the order of the set of them, each with the product of the
+    sizes of the axes sharding it."""
+    return tuple((d, math.prod(sizes[x] for x in range(AXES) if _dim(spec[x]) == d))
+                 for d in {_dim(p) for p in spec if p.startswith("S")})
+
+
 @dataclass
 class _Candidate:
     """What one anchor strategy costs, independent of the micro-batch (``scaled``/``batchy``
@@ -439,12 +453,6 @@ class _Candidate:
 def _scaled(shape_probe, meta) -> bool:
     """Does a tensor grow with the batch (its probe shape differs from the traced one)?"""
     return tuple(shape_probe) != tuple(meta.shape)
-
-
-def _kept(rows: np.ndarray, vals: list, keep: np.ndarray) -> list:
-    """``vals`` (one per row in ``rows``) of the rows in ``keep``, in order."""
-    kept = set(keep.tolist())
-    return [v for r, v in zip(rows.tolist(), vals) if r in kept]
 
 
 def gathered_axes(move: tuple[Spec, Spec] | None) -> set[int]:
@@ -510,6 +518,9 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
                    multi: set) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
     mesh = kc_v.mesh
     out: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    # the same placements, bytes and Partial rule, the same cost (across the edges too:
+    # a layer's activations are mostly of one size)
+    memo: dict[tuple, tuple[float, float]] = {}
     for e in edges:
         src = kc_u.out_spec[e.u][(e.p, e.o)]
         _, dst, spl = kc_v.in_info[(e.m, e.q)]
@@ -518,8 +529,7 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
             shape = (len(kc_u.cand[e.u]), len(kc_v.cand[e.v]))
             out[key] = (np.zeros(shape), np.zeros(shape))
         fm, bm = out[key]
-        drop_partial = e.u in multi
-        memo: dict[tuple, tuple[float, float]] = {}      # the same placements, the same cost
+        keep_partial = not (e.u in multi or e.p in kc_u.sinks)
         for i, s_spec in enumerate(src):
             k_i = kc_u.cand[e.u][i]
             passing = tuple(a for a in range(AXES) if passes_partial(kc_u.kg, e.p, k_i, a))
@@ -527,7 +537,7 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
                 if s_spec is None or d_spec is None:
                     fm[i, j] = bm[i, j] = math.inf
                     continue
-                key = (s_spec, d_spec, spl[j], passing)
+                key = (s_spec, d_spec, spl[j], passing, e.nbytes, keep_partial)
                 hit = memo.get(key)
                 if hit is None:
                     tf = cm.conversion_time(conversions(s_spec, d_spec, mesh.shape), e.nbytes,
@@ -535,8 +545,7 @@ def _edge_matrices(cm: CostModel, kc_u: KindCosts, kc_v: KindCosts, edges: list[
                     g = grad_spec(d_spec, spl[j])
                     convs = tuple(c for c in conversions(g, required_grad(s_spec), mesh.shape)
                                   if not (g[c.axis] == "P" and (
-                                      drop_partial or e.p in kc_u.sinks or
-                                      c.axis in passing)))
+                                      not keep_partial or c.axis in passing)))
                     hit = memo[key] = (tf, cm.conversion_time(convs, e.nbytes, mesh))
                 fm[i, j] += hit[0]
                 bm[i, j] += hit[1]

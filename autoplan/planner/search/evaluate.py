@@ -102,6 +102,9 @@ class Evaluator:
         self._kc: dict[tuple[str, LogicalMesh, int], KindCosts] = {}
         self._trans: dict[tuple, tuple[float, float]] = {}
         self._edge_plans: dict[tuple, tuple[list, dict]] = {}
+        self._psi: dict[tuple, np.ndarray] = {}    # tables._psi: (kind, mesh, strategies)
+        self._transition_edges: dict[tuple[str, str, int], list[TensorEdge]] = {}
+        self._trans_plans: dict[tuple, list] = {}  # transition_time's recorded additions
         self.output_bytes = np.array([l.stats.output_bytes for l in ms.graph.layers],
                                      dtype=float)
         prov = cm.provenance
@@ -207,12 +210,35 @@ class Evaluator:
 
     def transition_time(self, ka: str, kb: str, mesh: LogicalMesh, micro_batch: int,
                         ca: tuple[int, ...], cb: tuple[int, ...]) -> tuple[float, float]:
-        """(forward, backward) seconds of the transition's collectives on their own."""
+        """(forward, backward) seconds of the transition's collectives on their own.
+
+        The transition does the same collectives at every micro-batch, only their bytes
+        scale: its sequence of bucket additions is kept per (kinds, mesh, strategies) and
+        replayed with this micro-batch's edges (as :meth:`layer_buckets` replays a layer's),
+        term for term what :meth:`transition_buckets` adds."""
         key = (ka, kb, mesh, micro_batch, ca, cb)
         hit = self._trans.get(key)
         if hit is None:
-            tf, tb, _ = self.transition_buckets(ka, kb, mesh, micro_batch, ca, cb)
-            hit = self._trans[key] = (self._time(tf, mesh), self._time(tb, mesh))
+            kc_a = self.kind_costs(ka, mesh, micro_batch)
+            kc_b = self.kind_costs(kb, mesh, micro_batch)
+            edges = self._transition_edges.get((ka, kb, micro_batch))
+            if edges is None:      # the same on every mesh (anchors and bytes only)
+                edges = self._transition_edges[(ka, kb, micro_batch)] = transition_edges(
+                    self.ms, (ka, kb), kc_a, kc_b)
+            strategies = (tuple(int(kc_a.cand[i][j]) for i, j in enumerate(ca)),
+                          tuple(int(kc_b.cand[i][j]) for i, j in enumerate(cb)))
+            plan_key = (ka, kb, mesh, strategies)
+            adds = self._trans_plans.get(plan_key)
+            if adds is None:
+                adds = []
+                self._edge_buckets(kc_a, kc_b, edges, ca, cb, {}, {}, {}, adds=adds)
+                self._trans_plans[plan_key] = adds
+            fwd: Buckets = {}
+            bwd: Buckets = {}
+            for d, bucket, e, div in adds:
+                target = fwd if d == "fwd" else bwd
+                target[bucket] = target.get(bucket, 0.0) + edges[e].nbytes / div
+            hit = self._trans[key] = (self._time(fwd, mesh), self._time(bwd, mesh))
         return hit
 
     def _time(self, buckets: Buckets, mesh: LogicalMesh) -> float:

@@ -199,8 +199,15 @@ def brute_force(problem: IntraOpProblem) -> Solution:
 
 class IlpBuilder:
     """Builds the mixed-integer program of an :class:`IntraOpProblem` (module docstring)
-    through OR-Tools' linear-solver wrapper, coefficient by coefficient; times in seconds,
-    memory in GB."""
+    for OR-Tools' linear-solver wrapper; times in seconds, memory in GB.
+
+    The model is assembled as plain lists -- columns (bounds, integrality), rows (bounds,
+    variable indices, coefficients), objective coefficients -- and handed to the solver as
+    one ``MPModelProto`` (``Solver.LoadModelFromProto``), not coefficient by coefficient
+    through the wrapper (issue #18: a GPT's ILP has ~5,500 variables and ~10,000
+    coefficients). Variables, rows and coefficients come in the order, and with the values,
+    an incremental build through the wrapper gives them (checked against one, model for
+    model and solution for solution, in tests/test_search_fast_paths.py)."""
 
     def __init__(self, problem: IntraOpProblem, backend: str = "CBC"):
         from ortools.linear_solver import pywraplp
@@ -210,19 +217,30 @@ class IlpBuilder:
         if self.s is None:
             raise RuntimeError(f"OR-Tools has no {backend} backend here")
         self.inf = self.s.infinity()
-        self.obj: dict = {}                   # var -> objective coefficient
+        self.obj: dict[int, float] = {}       # var -> objective coefficient
         self.parts: list = []                 # (var, cost, memory or None): _cost's terms
-        self.mem: dict = {}                   # var -> GB per unit
-        self.x: list[list] = []
-        self.zeta: list = []
-        self.e: list[dict[tuple[int, int], object]] = []
-        self.w: dict[int, dict[tuple[int, int], object]] = {}
+        self.mem: dict[int, float] = {}       # var -> GB per unit
+        self.x: list[list] = []               # variable indices while building, then the
+        self.zeta: list = []                  # solver's variables (build)
+        self.e: list[dict[tuple[int, int], int]] = []
+        self.w: dict[int, dict[tuple[int, int], int]] = {}
+        self._lb: list[float] = []
+        self._ub: list[float] = []
+        self._int: list[bool] = []
+        self._rows: list[tuple[float, float, list[int], list[float]]] = []
+        self._vars: list = []
 
     # ---- helpers -------------------------------------------------------------------------
     @staticmethod
     def _add(d: dict, var, coef: float) -> None:
         if coef:
             d[var] = d.get(var, 0.0) + float(coef)
+
+    def _var(self, lb: float, ub: float, integer: bool = False) -> int:
+        self._lb.append(lb)
+        self._ub.append(ub)
+        self._int.append(integer)
+        return len(self._lb) - 1
 
     def _cost(self, var, cost: float, mem: float | None = None) -> None:
         """Objective term of ``var``: ``cost``, plus lambda x ``mem`` where it has memory
@@ -239,69 +257,88 @@ class IlpBuilder:
         for var, cost, mem in self.parts:
             self._add(coefs, var, cost if mem is None else cost + mem_weight * mem)
         for var, _, _ in self.parts:
-            objective.SetCoefficient(var, coefs.get(var, 0.0))
+            objective.SetCoefficient(self._vars[var], coefs.get(var, 0.0))
         objective.SetMinimization()
 
     def _row(self, lb: float, ub: float, terms) -> None:
         """lb <= sum(coef * var) <= ub (a variable's repeated terms summed, in order)."""
-        ct = self.s.Constraint(lb, ub)
         coefs: dict = {}
         for var, coef in terms:
             coefs[var] = coefs.get(var, 0.0) + float(coef)
-        for var, coef in coefs.items():
-            ct.SetCoefficient(var, coef)
+        self._rows.append((lb, ub, list(coefs), list(coefs.values())))
 
     def build(self):
+        from ortools.linear_solver import linear_solver_pb2
+
         self._add_choices()
         self._add_edges()
         self._add_zero()
         self._add_partials()
         self._add_hinges()
         self._add_memory()
-        objective = self.s.Objective()
-        for var, coef in self.obj.items():
-            objective.SetCoefficient(var, coef)
-        objective.SetMinimization()
+        model = linear_solver_pb2.MPModelProto()
+        obj = self.obj
+        add_var = model.variable.add
+        for i, (lb, ub, integer) in enumerate(zip(self._lb, self._ub, self._int)):
+            add_var(lower_bound=lb, upper_bound=ub, is_integer=integer,
+                    objective_coefficient=obj.get(i, 0.0))
+        add_row = model.constraint.add
+        for lb, ub, index, coefs in self._rows:
+            row = add_row(lower_bound=lb, upper_bound=ub)
+            row.var_index.extend(index)
+            row.coefficient.extend(coefs)
+        error = self.s.LoadModelFromProto(model)
+        if error:
+            raise RuntimeError(f"OR-Tools refused the intra-op ILP: {error}")
+        self.s.Objective().SetMinimization()
+        self._vars = self.s.variables()
+        self.x = [[self._vars[i] for i in xs] for xs in self.x]
+        self.zeta = [self._vars[i] for i in self.zeta]
         return self.s
 
     # ---- constraint families (module docstring) ------------------------------------------
     def _add_choices(self) -> None:
-        p, s = self.p, self.s
+        p = self.p
         for v, cost in enumerate(p.node_cost):
-            xs = [s.BoolVar(f"x[{v},{j}]") for j in range(len(cost))]
+            xs = [self._var(0.0, 1.0, True) for _ in range(len(cost))]
             self._row(1, 1, [(x, 1) for x in xs])
             self.x.append(xs)
             for j, xv in enumerate(xs):
                 self._cost(xv, cost[j], p.node_mem[v][j])
                 self._add(self.mem, xv, p.node_mem[v][j] / 1e9)
-        self.zeta = [s.BoolVar(f"zero{z}") for z in range(ZERO_STAGES)]
+        self.zeta = [self._var(0.0, 1.0, True) for _ in range(ZERO_STAGES)]
         self._row(1, 1, [(z, 1) for z in self.zeta])
         for z in range(ZERO_STAGES):
             if z not in p.zero_allowed:
                 self._row(0, 0, [(self.zeta[z], 1)])
 
     def _add_edges(self) -> None:
-        p, s = self.p, self.s
-        for k, (u, v, cost) in enumerate(p.edges):
-            pairs: dict[tuple[int, int], object] = {}
+        p = self.p
+        for u, v, cost in p.edges:
             ku, kv = cost.shape
-            rows = [[(self.x[u][i], -1)] for i in range(ku)]
-            cols = [[(self.x[v][j], -1)] for j in range(kv)]
+            # the pair variables in row-major order, as a loop over i then j creates them
+            ii, jj = np.nonzero(np.isfinite(cost))
+            first = len(self._lb)
+            count = len(ii)
+            index = list(range(first, first + count))
+            self._lb += [0.0] * count
+            self._ub += [1.0] * count
+            self._int += [False] * count
+            values = cost[ii, jj].tolist()
+            self.parts += zip(index, values, [None] * count)         # _cost, term by term
+            self.obj.update((var, 0.0 + c) for var, c in zip(index, values) if c)
+            pairs = dict(zip(zip(ii.tolist(), jj.tolist()), index))
+            # sum_j e_ij = x_ui, then sum_i e_ij = x_vj (each variable once in its row)
             for i in range(ku):
-                for j in range(kv):
-                    if not math.isfinite(cost[i, j]):
-                        continue
-                    var = s.NumVar(0.0, 1.0, f"e{k}[{i},{j}]")
-                    pairs[(i, j)] = var
-                    self._cost(var, cost[i, j])
-                    rows[i].append((var, 1))
-                    cols[j].append((var, 1))
-            for terms in rows + cols:
-                self._row(0, 0, terms)
+                at = [index[k] for k in np.flatnonzero(ii == i).tolist()]
+                self._rows.append((0, 0, [self.x[u][i]] + at, [-1.0] + [1.0] * len(at)))
+            for j in range(kv):
+                at = [index[k] for k in np.flatnonzero(jj == j).tolist()]
+                self._rows.append((0, 0, [self.x[v][j]] + at, [-1.0] + [1.0] * len(at)))
             self.e.append(pairs)
 
     def _add_zero(self) -> None:
-        p, s = self.p, self.s
+        p = self.p
         for v in sorted(set(p.zcost) | set(p.zmem)):
             k = len(p.node_cost[v])
             cost = p.zcost.get(v, np.zeros((k, ZERO_STAGES)))
@@ -309,7 +346,7 @@ class IlpBuilder:
             pairs = {}
             for j in range(k):
                 for z in range(ZERO_STAGES):
-                    var = s.NumVar(0.0, 1.0, f"w[{v},{j},{z}]")
+                    var = self._var(0.0, 1.0)
                     pairs[(j, z)] = var
                     self._cost(var, cost[j, z], mem[j, z])
                     self._add(self.mem, var, mem[j, z] / 1e9)
@@ -321,12 +358,12 @@ class IlpBuilder:
             self.w[v] = pairs
 
     def _add_partials(self) -> None:
-        p, s = self.p, self.s
-        for g_i, g in enumerate(p.partials):
+        p = self.p
+        for g in p.partials:
             for i in range(len(g.cost)):
                 if not g.cost[i]:
                     continue
-                y = s.NumVar(0.0, 1.0, f"y{g_i}[{i}]")
+                y = self._var(0.0, 1.0)
                 self._cost(y, g.cost[i])
                 for k, mask in g.pairs:
                     for (a, b), var in self.e[k].items():
@@ -345,12 +382,12 @@ class IlpBuilder:
         return terms
 
     def _add_hinges(self) -> None:
-        for k, h in enumerate(self.p.hinges):
+        for h in self.p.hinges:
             a = self._terms(h.a)
             if not a:
                 continue
             b = self._terms(h.b)
-            var = self.s.NumVar(0.0, self.inf, f"h{k}")
+            var = self._var(0.0, self.inf)
             # h >= A - (1 - c) B   and   h >= c A
             self._row(0, self.inf, [(var, 1)] + [(x, -c) for x, c in a]
                       + [(x, (1.0 - h.c) * c) for x, c in b])
@@ -358,9 +395,9 @@ class IlpBuilder:
             self._cost(var, h.weight)
 
     def _add_memory(self) -> None:
-        p, s = self.p, self.s
-        for k, fam in enumerate(p.mem_max):
-            var = s.NumVar(0.0, self.inf, f"peak{k}")
+        p = self.p
+        for fam in p.mem_max:
+            var = self._var(0.0, self.inf)
             for lin in fam:
                 terms = self._terms(lin, 1e-9)
                 if terms:

@@ -83,6 +83,17 @@ class PackedAnchor:
         # output / input specs: per key, (rows having it, spec per such row)
         self.o_specs = _by_key([rec.o_specs for rec in self.records])
         self.i_specs = _by_key([rec.i_specs for rec in self.records])
+        self._kept: dict[bytes, Kept] = {}
+
+    def kept(self, ai: int, keep: np.ndarray) -> "Kept":
+        """The figures of rows ``keep`` that do not depend on the micro-batch (anchor
+        ``ai``'s strategies, parameters, specs), kept per distinct ``keep``: a few micro-batch
+        counts leave different rows valid."""
+        key = keep.tobytes()
+        hit = self._kept.get(key)
+        if hit is None:
+            hit = self._kept[key] = Kept(self, ai, keep)
+        return hit
 
     def valid(self, scale: float) -> np.ndarray:
         """Indices of the rows valid at micro-batch scale ``scale`` (module docstring)."""
@@ -116,6 +127,33 @@ class PackedAnchor:
                 "cb": self._sum(self.mv_row, np.where(self.mv_fwd, 0.0, mt)),
                 "act": self._sum(self.sv_row, sv),
                 "attn": self._sum(self.sv_row, np.where(self.sv_attn, sv, 0.0))}
+
+
+class Kept:
+    """The rows ``keep`` of a :class:`PackedAnchor` (anchor ``ai`` of its kind): their
+    strategies, local parameters per sync bucket, gathered bytes, TP matmuls, output specs
+    and ``KindCosts.in_info`` entries -- what ``CostModel.kind_costs`` takes of them at
+    every micro-batch that leaves these rows valid."""
+
+    def __init__(self, pk: PackedAnchor, ai: int, keep: np.ndarray):
+        n = len(keep)
+        self.cand = pk.ks[keep]
+        self.psi = pk.pvec[keep].reshape(n, -1)
+        self.gathered = pk.gbytes[keep]
+        self.tp_matmuls = pk.tp_matmuls[keep]
+        everyone = n == pk.n
+        self.out_specs = {key: vals if everyone else _rows_of(rows, vals, keep)
+                          for key, (rows, vals) in pk.o_specs.items()}
+        self.in_info = {}
+        for key, (rows, vals) in pk.i_specs.items():
+            pairs = vals if everyone else _rows_of(rows, vals, keep)
+            self.in_info[key] = (ai, [v[0] for v in pairs], [v[1] for v in pairs])
+
+
+def _rows_of(rows: np.ndarray, vals: list, keep: np.ndarray) -> list:
+    """``vals`` (one per row in ``rows``) of the rows in ``keep``, in order."""
+    kept = set(keep.tolist())
+    return [v for r, v in zip(rows.tolist(), vals) if r in kept]
 
 
 def _by_key(dicts: list[dict]) -> dict:

@@ -15,8 +15,9 @@ Steps (timings in ``SearchResult.seconds``):
    m is split over each stage's batch-sharded axes):
 
    * price every layout of every kind on every submesh's logical meshes
-     (:func:`~autoplan.planner.search.tables.kind_table`), and every unit range on every submesh
-     at every pipeline position (:func:`~autoplan.planner.search.tables.range_table`): the best
+     (:func:`~autoplan.planner.search.kind_tables.kind_table`), and every unit range on
+     every submesh at every pipeline position
+     (:func:`~autoplan.planner.search.tables.range_table`): the best
      (layouts, ZeRO stage, recomputation) that fits in device memory -- recomputation none,
      full or selective (the attention core, :mod:`autoplan.cost.recompute`; where blocks
      keep attention matrices), per stage, a plan never mixing full and selective stages;
@@ -59,8 +60,9 @@ from autoplan.planner.search.evaluate import Evaluator, PipelineChoice, StageCho
 from autoplan.planner.search.inter_op import pipeline_dp
 from autoplan.planner.search.library import LAMBDAS, Library, build_library
 from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
-from autoplan.planner.search.tables import (INF, Combos, KindTable, LayerArrays, kind_table,
-                                     layer_arrays, priced_rows, range_table)
+from autoplan.planner.search.kind_tables import KindTable, kind_table
+from autoplan.planner.search.tables import (INF, Combos, LayerArrays, SharedRows, layer_arrays,
+                                            range_table)
 from autoplan.schedule import runs_micro_batches
 
 log = logging.getLogger(__name__)
@@ -231,13 +233,19 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
         tables = {(k, mesh): ws.tables[(k, mesh, mb)]
                   for n in sizes for mesh in meshes_of[n] for k in kinds}
         arrays = ws.layer_arrays(mb)
+        # balanced pipelines of pp equal submeshes of n units, every schedule: their chunks
+        # are priced with the stage DP's ranges on the same meshes (SharedRows)
+        balanced = {v_units // pp: (pp, *_balanced_chunks(ms, pp, m, opts, n_blocks))
+                    for pp in divisors(v_units) if pp <= max(n_blocks, 1)}
+        shared = SharedRows(ev, mb, m, combos, arrays,
+                            {n * per_unit: (a, b) for n, (_, _, _, a, b) in balanced.items()})
         # the stage DP
         stage_time = np.full((max_stages + 1, len(units) - 1, len(units), v_units + 1),
                              math.inf)
         rts = {}
         for n in sizes:
             rt = range_table(ev, meshes_of[n], mb, m, units, max_stages, tables, arrays,
-                             combos=combos, memory=memory)
+                             combos=combos, memory=memory, priced=shared)
             rts[n] = rt
             stage_time[:, :, :, n] = rt.time
         # 1F1B with at most m stages (torch's Schedule1F1B refuses more); with more stages
@@ -266,17 +274,14 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
             candidates.append(Candidate(PipelineChoice(tuple(stages), mb, m, schedule, 1),
                                         res.latency, "stage DP"))
         # balanced pipelines, every schedule
-        for pp in divisors(v_units):
-            if pp > max(n_blocks, 1):
-                continue
-            n = v_units // pp
+        for n, (pp, plans, chunks_of, a, b) in balanced.items():
             if n not in meshes_of:
                 meshes_of[n] = submesh_shapes(n * per_unit, dpn)
                 for mesh in meshes_of[n]:
                     for k in kinds:
                         tables[(k, mesh)] = ws.kind_table(k, mesh, mb)
-            best = _balanced(ev, ms, meshes_of[n], tables, arrays, mb, m, pp, combos, opts,
-                             memory, n_blocks)
+            best = _balanced(ev, ms, meshes_of[n], tables, shared, mb, m, pp, combos,
+                             memory, plans, chunks_of, a, b)
             candidates.extend(best)
     seconds["inter_op"] = time.perf_counter() - t2
     t3 = time.perf_counter()
@@ -330,23 +335,31 @@ def _mixed_recompute(p: PipelineChoice) -> bool:
     return any(st.checkpoint for st in p.stages) and any(st.selective for st in p.stages)
 
 
-def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int, m: int,
-              pp: int, combos, opts: SearchOptions, memory: float, n_blocks: int
-              ) -> list[Candidate]:
-    """The fastest fitting balanced pipeline per schedule on ``pp`` equal submeshes."""
-    graph = ms.graph
-    kinds = list(dict.fromkeys(ms.layer_kind))
+def _balanced_chunks(ms: ModelStructure, pp: int, m: int, opts: SearchOptions,
+                     n_blocks: int) -> tuple[list[tuple[str, int]], dict, np.ndarray,
+                                             np.ndarray]:
+    """The balanced pipelines on ``pp`` equal submeshes: (schedule, v) pairs, the chunks
+    of each v (:func:`split_layers`), and every chunk range of every v, sorted, as
+    (starts, ends) arrays."""
     plans = [("1f1b", 1)] if pp == 1 else [(s, 1) for s in ("1f1b", "gpipe")
                                            if runs_micro_batches(s, pp, m)]
     if pp > 1 and m % pp == 0:
         plans += [("interleaved_1f1b", v) for v in opts.virtual_stages
                   if pp * v <= n_blocks]
-    chunks_of = {v: split_layers(graph, pp * v) for _, v in plans}
-    # every chunk range of every v, priced at once per (mesh, layouts, z, recomputation)
+    chunks_of = {v: split_layers(ms.graph, pp * v) for _, v in plans}
     spans = sorted({c for chunks in chunks_of.values() for c in chunks})
-    where = {c: i for i, c in enumerate(spans)}
-    a = np.array([c[0] for c in spans])
-    b = np.array([c[1] for c in spans])
+    return (plans, chunks_of, np.array([c[0] for c in spans], dtype=np.int64),
+            np.array([c[1] for c in spans], dtype=np.int64))
+
+
+def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedRows,
+              mb: int, m: int, pp: int, combos, memory: float, plans, chunks_of,
+              a: np.ndarray, b: np.ndarray) -> list[Candidate]:
+    """The fastest fitting balanced pipeline per schedule on ``pp`` equal submeshes
+    (``plans``, ``chunks_of``, chunk ranges [a, b): :func:`_balanced_chunks`)."""
+    kinds = list(dict.fromkeys(ms.layer_kind))
+    # every chunk range of every v, priced at once per (mesh, layouts, z, recomputation)
+    where = {c: i for i, c in enumerate(zip(a.tolist(), b.tolist()))}
     best: dict[tuple[str, int], tuple[float, LogicalMesh, tuple, dict]] = {}
     # chunk c on rank c % pp: row r of a (v, pp) matrix holds chunks r pp .. r pp + pp - 1
     grid = {v: np.array([where[c] for c in chunks_of[v]]).reshape(v, pp) for _, v in plans}
@@ -356,7 +369,7 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, arrays, mb: int
         kt = {k: tables.get((k, mesh)) for k in kinds}
         if any(t is None for t in kt.values()):
             continue
-        rows, rc, picks = priced_rows(ev, mesh, mb, m, kt, combos, arrays, a, b)
+        rows, rc, picks = priced(mesh, kt, a, b)
         if not rows:
             continue
         for sched, v in plans:

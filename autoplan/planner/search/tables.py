@@ -1,11 +1,10 @@
 """Stage latency tables for the inter-op DP: every unit range on every submesh at once.
 
 For one logical mesh and micro-batch, each layer kind has a few candidate *layouts* (one
-placement per op group, :mod:`autoplan.planner.search.library`). :func:`kind_table` prices each
-layout per layer with :class:`~autoplan.planner.search.evaluate.Evaluator`'s pieces: compute,
-layer communication (bucketed as the evaluator does), activations, parameters per sync
-bucket. A stage's configuration is then a *combo* (lambda, ZeRO stage z, recomputation):
-each kind takes the layout minimising
+placement per op group, :mod:`autoplan.planner.search.library`), priced per layer by
+:func:`~autoplan.planner.search.kind_tables.kind_table` (compute, layer communication,
+activations, parameters per sync bucket). A stage's configuration is then a *combo*
+(lambda, ZeRO stage z, recomputation): each kind takes the layout minimising
 
     score = t + (OVERLAP_COST sync + optimizer) / m + lambda (states_z + act)
 
@@ -31,37 +30,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplan.cost.step import memory_zero, reductions_per_step
-from autoplan.planner.search.costs import BUCKETS, CORE_ACT, CORE_FWD, REDUCE_BYTES
+from autoplan.planner.search.costs import BUCKETS, REDUCE_BYTES
 from autoplan.planner.grid.estimate import OVERLAP_COST
 from autoplan.planner.search.evaluate import Evaluator
 from autoplan.planner.search.mesh import LogicalMesh
 
 INF = math.inf
-
-
-@dataclass
-class KindTable:
-    """Per valid layout of one kind on one mesh at one micro-batch (per layer)."""
-
-    layouts: list[tuple[int, ...]]     # KindCosts indices per anchor
-    f: np.ndarray                      # compute forward (s)
-    b: np.ndarray                      # compute backward
-    cf: np.ndarray                     # layer communication forward
-    cb: np.ndarray
-    act: np.ndarray                    # activations kept (bytes), input included
-    kept: np.ndarray                   # kept when recomputed (the input only)
-    psi: np.ndarray                    # (L, 4) local parameters per sync bucket
-    gathered: np.ndarray               # parameter bytes, gathered (ZeRO-3)
-    row_of: dict[tuple[int, ...], int] = None     # library layout -> row
-    sf: np.ndarray = None              # attention core's forward (selective recomputation)
-    sact: np.ndarray = None            # its attention matrices (bytes)
-
-    @functools.cached_property
-    def columns(self) -> np.ndarray:
-        """(layouts, 13): f, b, cf, cb, act, kept, gathered, sf, sact, psi (4) per layout
-        (what :func:`layer_arrays` gathers per layer)."""
-        return np.column_stack([self.f, self.b, self.cf, self.cb, self.act, self.kept,
-                                self.gathered, self.sf, self.sact, self.psi])
 
 
 def _line(ev: Evaluator, collective: str, group) -> tuple[float, float]:
@@ -72,70 +46,6 @@ def _line(ev: Evaluator, collective: str, group) -> tuple[float, float]:
 def _coll_vec(line: tuple[float, float], nbytes: np.ndarray) -> np.ndarray:
     alpha, beta = line
     return np.where(nbytes > 0, alpha + beta * nbytes, 0.0)
-
-
-def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
-               layouts: list[tuple[int, ...]]) -> KindTable | None:
-    """Price the library ``layouts`` (strategy indices per anchor) valid on ``mesh``."""
-    kc = ev.kind_costs(kind, mesh, micro_batch)
-    pos = [{int(k): i for i, k in enumerate(c)} for c in kc.cand]
-    valid = []
-    row_of: dict[tuple[int, ...], int] = {}
-    for lay in layouts:
-        idx = tuple(pos[ai].get(k) for ai, k in enumerate(lay))
-        if None in idx:
-            continue
-        if idx not in valid:
-            valid.append(idx)
-        row_of[tuple(lay)] = valid.index(idx)
-    if not valid:
-        return None
-    rows = []
-    for ch in valid:
-        f = sum(kc.fwd[ai][j] for ai, j in enumerate(ch))
-        b = sum(kc.bwd[ai][j] for ai, j in enumerate(ch))
-        fb, bb, moved = ev.layer_buckets(kind, mesh, micro_batch, ch)
-        psi = np.zeros(len(BUCKETS))
-        for ai, j in enumerate(ch):
-            p = kc.psi[ai][j]
-            extra = moved.get(ai, ())
-            for bi, axes in enumerate(BUCKETS):
-                psi[BUCKETS.index(tuple(sorted(set(axes) | set(extra))))] += p[bi]
-        act = sum(kc.act[ai][j] for ai, j in enumerate(ch)) + _imported(ev, kind, mesh,
-                                                                         micro_batch, ch)
-        rows.append((f, b, ev._time(fb, mesh), ev._time(bb, mesh), act,
-                     _kept(ev, kind, mesh, micro_batch, ch), psi,
-                     sum(kc.gathered[ai][j] for ai, j in enumerate(ch)),
-                     sum(kc.extra[ai][j, CORE_FWD] for ai, j in enumerate(ch)),
-                     sum(kc.extra[ai][j, CORE_ACT] for ai, j in enumerate(ch))))
-    arr = list(zip(*rows))
-    return KindTable(valid, *(np.array(a, dtype=float) for a in arr[:6]),
-                     np.array(arr[6]), np.array(arr[7], dtype=float), row_of,
-                     np.array(arr[8], dtype=float), np.array(arr[9], dtype=float))
-
-
-def _imported(ev: Evaluator, kind: str, mesh, micro_batch: int, ch) -> float:
-    l = ev.ms.kinds[kind].layer
-    if l == 0:
-        return 0.0
-    prev = ev.ms.layer_kind[l - 1]
-    kc_a = ev.kind_costs(prev, mesh, micro_batch)
-    kc_b = ev.kind_costs(kind, mesh, micro_batch)
-    out = 0.0
-    for v, nbytes, specs in ev.ms.imported(prev, kind, kc_a, kc_b):
-        spec = specs[ch[v]]
-        out += nbytes / math.prod(mesh.shape[a] for a in range(2)
-                                  if spec is not None and spec[a].startswith("S"))
-    return out
-
-
-def _kept(ev: Evaluator, kind: str, mesh, micro_batch: int, ch) -> float:
-    """Input bytes kept by a recomputed layer of ``kind``, as its consumers place them."""
-    from autoplan.planner.search.evaluate import StageChoice
-
-    l = ev.ms.kinds[kind].layer
-    st = StageChoice(l, l + 1, mesh, ((kind, ch),))
-    return ev._kept_input(st, l, micro_batch)
 
 
 @dataclass
@@ -217,10 +127,13 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
 
 def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: int,
                 units: list[int], max_stages: int, tables: dict, arrays, *,
-                combos: list[tuple[float, int, bool]], memory: float) -> RangeTable:
+                combos: list[tuple[float, int, bool]], memory: float,
+                priced: "SharedRows | None" = None) -> RangeTable:
     """(module docstring) ``units``: layer index where each unit starts, plus the end;
-    ``tables[(kind, mesh)]``: the :class:`KindTable` of each kind (None: no valid layout);
-    ``arrays(mesh, kt, pick, checkpoint)``: cached :func:`layer_arrays`.
+    ``tables[(kind, mesh)]``: the :class:`~autoplan.planner.search.kind_tables.KindTable`
+    of each kind (None: no valid layout);
+    ``arrays(mesh, kt, pick, checkpoint)``: cached :func:`layer_arrays`; ``priced``: the
+    :class:`SharedRows` of this micro-batch count, if the caller keeps one.
 
     Per mesh, the distinct (layouts, z, recomputation) of the combos are priced as the rows
     of one (rows x ranges) array (:func:`priced_rows`), and the fastest row that fits is
@@ -242,8 +155,8 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
         kt = {k: tables.get((k, mesh)) for k in kinds}
         if any(v is None for v in kt.values()):
             continue
-        rows, rc, picks = priced_rows(ev, mesh, micro_batch, m, kt, combos, arrays,
-                                      starts, ends)
+        rows, rc, picks = priced(mesh, kt, starts, ends) if priced is not None else \
+            priced_rows(ev, mesh, micro_batch, m, kt, combos, arrays, starts, ends)
         choice.update({(mi, ci): p for ci, p in enumerate(picks) if p is not None})
         if not rows:
             continue
@@ -295,6 +208,9 @@ def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed:
     sorted by latency, the running maximum of their :func:`last_fitting` position; the
     best row at s is the first whose running maximum reaches s."""
     r_count, p_count = lat.shape
+    if s1 <= FEW_POSITIONS:
+        return _fastest_fitting_per_position(lat, last_fitting(states, act, fixed, memory,
+                                                               s1), s1)
     order = np.argsort(lat, axis=0, kind="stable")                   # (R, P)
     sorted_lat = np.take_along_axis(lat, order, axis=0)
     reach = np.maximum.accumulate(np.take_along_axis(
@@ -308,6 +224,31 @@ def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed:
     cols = np.arange(p_count)[None, :]
     val = np.where(found, sorted_lat[at, cols], INF)
     row = np.where(found, order[at, cols], 0)
+    return val, row
+
+
+#: up to this many positions, :func:`fastest_fitting` masks the rows per position instead
+#: of sorting them (a stable sort of every column costs about as much as 15 masked minima)
+FEW_POSITIONS = 12
+
+
+def _fastest_fitting_per_position(lat: np.ndarray, last: np.ndarray, s1: int
+                                  ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fastest_fitting` one position at a time (``last``: :func:`last_fitting`): the
+    first minimum of the latencies of the rows that fit at s, per column (INF and row 0
+    where none fits; the first fitting row where all fitting ones are INF, as the sorted
+    scan finds it)."""
+    lat_t = np.ascontiguousarray(lat.T)                          # (P, R): rows contiguous
+    last_t = np.ascontiguousarray(last.T)
+    cols = np.arange(lat.shape[1])
+    val = np.empty((s1, lat.shape[1]))
+    row = np.empty((s1, lat.shape[1]), dtype=np.int64)
+    for s in range(s1):
+        fit = last_t >= s
+        masked = np.where(fit, lat_t, INF)
+        r = masked.argmin(axis=1)
+        val[s] = masked[cols, r]
+        row[s] = np.where(val[s] < INF, r, np.where(fit.any(axis=1), fit.argmax(axis=1), 0))
     return val, row
 
 
@@ -485,6 +426,17 @@ def range_base(ev: Evaluator, las: list[LayerArrays], mesh: LogicalMesh, micro_b
                      gathered, send)
 
 
+def _sum_last(x: np.ndarray) -> np.ndarray:
+    """``x.sum(axis=-1)`` for a short last axis (the four sync buckets), its columns added
+    in order: numpy adds a short axis in order too (bit for bit the same sums,
+    tests/test_search_fast_paths.py), but a reduction over a length-4 axis costs several
+    times four whole-array additions."""
+    out = x[..., 0].copy()
+    for k in range(1, x.shape[-1]):
+        out += x[..., k]
+    return out
+
+
 def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCosts:
     """:class:`RangeCosts` of ``base`` at ZeRO stage ``zero`` with ``m`` micro-batches.
     ZeRO-2 over m > 1 micro-batches as :mod:`autoplan.cost.step` prices it: a range that is
@@ -514,11 +466,11 @@ def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCost
         u = u + m * memo["gather"]
     key = "local" if zero >= 1 else "whole"
     if key not in memo:
-        memo[key] = (ps / div).sum(axis=-1) if zero >= 1 else ps.sum(axis=-1)
+        memo[key] = _sum_last(ps / div) if zero >= 1 else _sum_last(ps)
     u = u + ev.cm.compute.optimizer_time(1.0) * memo[key]
     p_b, g_b, o_b = ev.cm.state_bytes
-    states = (ps * (p_b / (div if zero >= 3 else 1) + g_b / grads_div
-                    + o_b / (div if zero >= 1 else 1))).sum(axis=-1)
+    states = _sum_last(ps * (p_b / (div if zero >= 3 else 1) + g_b / grads_div
+                             + o_b / (div if zero >= 1 else 1)))
     fixed = base.peak
     if zero == 3 and synced:
         fixed = fixed + 2 * base.gathered * (ps[..., synced].sum(axis=-1) > 0)
@@ -564,3 +516,44 @@ def priced_rows(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, m: int, kt: 
     rc = RangeCosts(base.t[k_of], gather("u"), gather("states"), base.act[k_of],
                     gather("fixed"), base.send)
     return rows, rc, picks
+
+
+class SharedRows:
+    """:func:`priced_rows` of one micro-batch count, once per mesh over the ranges of all its
+    callers: the stage DP's unit ranges (:func:`range_table`) and the balanced pipelines'
+    chunks (``extra``: mesh size -> (starts, ends)). Every figure of a range depends on that
+    range alone (elementwise array operations), so a caller's columns equal, bit for bit,
+    those of a call over its ranges only (tests/test_search_fast_paths.py); the layouts per
+    combo (:func:`pick_layouts`) and the stacked layer arrays are computed once."""
+
+    def __init__(self, ev: Evaluator, micro_batch: int, m: int, combos, arrays,
+                 extra: dict[int, tuple[np.ndarray, np.ndarray]]):
+        self.ev, self.micro_batch, self.m = ev, micro_batch, m
+        self.combos, self.arrays, self.extra = combos, arrays, extra
+        self._done: dict[LogicalMesh, tuple] = {}
+
+    def __call__(self, mesh: LogicalMesh, kt: dict, a: np.ndarray, b: np.ndarray
+                 ) -> tuple[list[int], RangeCosts | None, list[dict[str, int] | None]]:
+        hit = self._done.get(mesh)
+        if hit is None:
+            ea, eb = self.extra.get(mesh.size, (a[:0], b[:0]))
+            both_a, both_b = np.concatenate([a, ea]), np.concatenate([b, eb])
+            rows, rc, picks = priced_rows(self.ev, mesh, self.micro_batch, self.m, kt,
+                                          self.combos, self.arrays, both_a, both_b)
+            col: dict[tuple[int, int], int] = {}
+            for k, key in enumerate(zip(both_a.tolist(), both_b.tolist())):
+                col.setdefault(key, k)
+            hit = self._done[mesh] = (rows, rc, picks, col)
+        rows, rc, picks, col = hit
+        if rc is None:
+            return rows, rc, picks
+        want = [col.get(key) for key in zip(a.tolist(), b.tolist())]
+        if None in want:                 # ranges nobody announced: priced on their own
+            return priced_rows(self.ev, mesh, self.micro_batch, self.m, kt, self.combos,
+                               self.arrays, a, b)
+        if want == list(range(len(want))):
+            idx = slice(0, len(want))
+        else:
+            idx = np.array(want, dtype=np.int64)
+        return rows, RangeCosts(rc.t[:, idx], rc.u[:, idx], rc.states[:, idx],
+                                rc.act[:, idx], rc.fixed[:, idx], rc.send[idx]), picks
