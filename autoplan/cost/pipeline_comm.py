@@ -16,10 +16,13 @@ stage all-gathers the slices over its TP group (NVLink inside a node)::
 
 In backward the gradient takes the same path reversed (an all-gather on the sending stage's
 side), so each boundary costs ``send + gather`` in each direction. The engine runs this rule
-(:func:`engine.pipeline.scatter_gather`), and :func:`boundary_time` prices it for the
-pricers. For GPT-3 175B at one sequence per micro-batch and TP 8 the send moves 6.3 MB per
-rank over InfiniBand (~0.26 ms) and the all-gather 50 MB inside the node (~0.19 ms), against
-~0.1 s of a stage's compute per micro-batch.
+(:func:`engine.pipeline.scatter_gather`). The pricers charge the send of the slices (the
+grid's :meth:`~autoplan.planner.grid.estimate.Estimator._send` divides the output by tp; the
+search divides a stage's output over its whole submesh). The receiver's all-gather inside the
+node is not priced: for GPT-3 175B at one sequence per micro-batch and TP 8 the send moves
+6.3 MB per rank over InfiniBand (~0.26 ms) and the all-gather 50 MB over NVSwitch
+(~0.19 ms), against ~0.1 s of a stage's compute per micro-batch; nor is the whole tensor a
+rank sends where tp does not divide the sequence.
 
 Both ends: a rank pays, per micro-batch, its own boundary (its output's send paired with its
 gradient's receipt) and the one before it (its input's receipt paired with its input
@@ -43,18 +46,3 @@ def boundary_shards(tp: int, sequence_parallel: bool, seq_len: int | None) -> in
         return tp
     return tp if seq_len and seq_len % tp == 0 else 1
 
-
-def boundary_time(comm, out_bytes: float, *, tp: int, sequence_parallel: bool,
-                  seq_len: int | None, cp: int = 1, cross_node: bool, tp_group) -> float:
-    """Seconds of one direction of a stage boundary per micro-batch (module docstring):
-    the send of ``out_bytes`` (the whole stage output of the micro-batch) in
-    :func:`boundary_shards` slices across the pipeline link, plus the receiving stage's
-    all-gather over ``tp_group`` where the slices were cut without sequence parallelism."""
-    from autoplan.cost.comm import Group
-
-    shards = boundary_shards(tp, sequence_parallel, seq_len)
-    pair = Group(size=2, ranks_per_node=1 if cross_node else 2)
-    t = comm.time("send_recv", out_bytes / (shards * cp), pair)
-    if shards > 1 and not sequence_parallel:
-        t += comm.time("all_gather", out_bytes / cp, tp_group)
-    return t
