@@ -8,21 +8,21 @@ import gc
 
 import pytest
 
-from autoplan import cli
+from autoplan import cli, process
 
 
 def test_cycles_paused_while_planning_and_restored():
     assert gc.isenabled()
-    with cli._CyclesPaused():
+    with process.CyclesPaused():
         assert not gc.isenabled()
     assert gc.isenabled()
     with pytest.raises(RuntimeError):
-        with cli._CyclesPaused():
+        with process.CyclesPaused():
             raise RuntimeError("planning failed")
     assert gc.isenabled()
     gc.disable()
     try:
-        with cli._CyclesPaused():
+        with process.CyclesPaused():
             assert not gc.isenabled()
         assert not gc.isenabled()
     finally:

@@ -74,10 +74,10 @@ def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
     ch = np.array(valid, dtype=np.int64).reshape(len(valid), len(kc.anchors))
 
     def total(per_anchor, col=None) -> np.ndarray:
-        out = None
+        out = np.zeros(len(valid))          # a kind without anchors (no op to place) costs 0
         for ai, values in enumerate(per_anchor):
             x = values[ch[:, ai]] if col is None else values[ch[:, ai], col]
-            out = np.asarray(x, dtype=float) if out is None else out + x
+            out = out + x
         return out
 
     cf = np.empty(len(valid))
