@@ -81,6 +81,8 @@ WORLD2 = {
 WORLD4 = {
     "llama_dp2_tp2_sp": ("llama", dict(dp=2, tp=2, sp=True, zero=3)),
     "llama_pp2_tp2_sp": ("llama", dict(pp=2, tp=2, sp=True, num_micro_batches=2)),
+    # without SP: sequence slices sent between stages, all-gathered there (scatter/gather)
+    "llama_pp2_tp2": ("llama", dict(pp=2, tp=2, num_micro_batches=2)),
 }
 
 
