@@ -41,9 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoplan.graph import OpGraph
-from autoplan.planner.search.costs import (BUCKETS, REDUCE_BYTES, CostModel, KindCosts, TensorEdge,
+from autoplan.planner.search.costs import (BUCKETS, CostModel, KindCosts, TensorEdge,
                                     edge_matrices, grad_spec, required_grad)
-from autoplan.cost.step import OVERLAP_COST
+from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES
 from autoplan.planner.search.intra_op import (ZERO_STAGES, Hinge, IntraOpProblem, Linear,
                                        PartialGroup)
 from autoplan.planner.search.mesh import LogicalMesh

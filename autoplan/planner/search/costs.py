@@ -52,7 +52,6 @@ from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_kind
 from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, usable_bytes
 from autoplan.cost.recompute import attention_core
-from autoplan.cost.step import REDUCE_BYTES  # noqa: F401  (fp32 gradients; compose, tables)
 from autoplan.cost.tp_overlap import tp_gemm_nodes
 from autoplan.graph import OpGraph
 from autoplan.placement import shard_dim

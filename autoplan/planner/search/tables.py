@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from autoplan.cost.step import memory_zero, reductions_per_step
-from autoplan.planner.search.costs import BUCKETS, REDUCE_BYTES
+from autoplan.cost.step import REDUCE_BYTES, memory_zero, reductions_per_step
+from autoplan.planner.search.costs import BUCKETS
 from autoplan.planner.grid.estimate import OVERLAP_COST
 from autoplan.planner.search.evaluate import Evaluator
 from autoplan.planner.search.mesh import LogicalMesh
