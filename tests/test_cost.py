@@ -258,3 +258,39 @@ def test_layer_time_shards_by_tp_role():
     f2x, _ = cm.layer_time(layer, graph, micro_batch_scale=2)
     assert f2x == pytest.approx(2 * f1)
     assert cm.optimizer_time(1e9) == pytest.approx(28e9 / (2039e9 * 0.8))
+
+
+# ---- pipeline boundaries on the critical path -------------------------------------------------
+
+def test_each_chunk_pays_both_of_its_boundaries_once():
+    """T_c = work + s(c) + s(c - 1) (autoplan.cost.step.path_times): the first chunk pays only
+    its output's boundary, the last (no send of its own) its input's; the sum over chunks is
+    each boundary twice, the schedule's four transfers per boundary in two full-duplex pairs."""
+    from autoplan.cost.step import ChunkCost, path_times
+
+    def chunk(fwd, send):
+        return ChunkCost(fwd, 2 * fwd, 0.0, 0.0, send, 0.0, 0.0, False, (), 0.0, 0, 1)
+
+    chunks = [chunk(1.0, 0.1), chunk(1.0, 0.2), chunk(1.5, 0.0)]
+    assert [c.work for c in chunks] == [3.0, 3.0, 4.5]
+    assert path_times(chunks) == pytest.approx([3.1, 3.3, 4.7])
+    assert sum(path_times(chunks)) == pytest.approx(sum(c.work + 2 * c.send for c in chunks))
+
+
+def test_the_last_stage_pays_its_input_boundary_in_the_step():
+    """GPT-3 175B on 8 DGX A100 nodes at pp 8: the last stage (the LM head) is the slowest
+    and the step charges it its input boundary, m s(pp - 2), as pp_comm."""
+    from autoplan.api import prepare
+    from autoplan.cluster import load_cluster
+    from autoplan.models.registry import resolve
+    from autoplan.planner.grid.estimate import ParallelConfig
+
+    problem = prepare(resolve("gpt3-175b"), load_cluster("dgx-a100", nodes=8),
+                      global_batch=64, seq_len=2048)
+    est = problem.estimator()
+    p = ParallelConfig(tp=8, pp=8, micro_batch=1, num_micro_batches=64, checkpoint="full")
+    chunks = est.chunks(p)
+    pred = est.predict(p)
+    paths = [c.work + c.send + r for c, r in zip(chunks, [0.0] + [c.send for c in chunks])]
+    assert max(range(8), key=paths.__getitem__) == 7 and chunks[-1].send == 0.0
+    assert pred.time.pp_comm == pytest.approx(64 * chunks[-2].send) and chunks[-2].send > 0

@@ -27,11 +27,10 @@ rank sends where tp does not divide the sequence.
 Both ends: a rank pays, per micro-batch, its own boundary (its output's send paired with its
 gradient's receipt) and the one before it (its input's receipt paired with its input
 gradient's send): torch's ``Schedule1F1B`` batches exactly those pairs
-(``fwd_send_bwd_recv``, ``bwd_send_fwd_recv``). The step model charges each boundary twice
-to its sending chunk (:attr:`autoplan.cost.step.ChunkCost.time`): the sum over ranks is the
-same, but the last rank, which receives and sends once each, is charged nothing, and the
-first twice its one pair. Where the last stage is the slowest (it holds the LM head) the
-steady state is under-priced by one send per micro-batch.
+(``fwd_send_bwd_recv``, ``bwd_send_fwd_recv``), and a pair's two transfers run at once in
+opposite directions. The step model charges each chunk s(c) + s(c - 1)
+(:func:`autoplan.cost.step.path_times`): the first rank one boundary, the last (which holds
+the LM head and is often the slowest) its input's.
 """
 
 from __future__ import annotations

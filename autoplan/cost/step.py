@@ -10,8 +10,8 @@ uniform TP degree, or per op under searched placements); how chunks make a step 
 
 Notation: chunk c on pipeline rank d = c mod pp (pp ranks, v chunks each, m micro-batches),
 per micro-batch: compute t_f(c), t_b(c); in-layer communication (tensor parallelism,
-resharding) tp_f(c), tp_b(c); the pipeline send of its output s(c) (its gradient comes back,
-so 2 s per micro-batch); r(c) = 1 if its blocks are recomputed (full activation
+resharding) tp_f(c), tp_b(c); s(c) the pipeline send of its output (s(-1) = 0: the first chunk
+receives nothing); r(c) = 1 if its blocks are recomputed (full activation
 checkpointing: the forward and its communication again in backward); a(c) the forward
 seconds of its blocks' attention cores, recomputed in backward under selective
 recomputation (:mod:`autoplan.cost.recompute`; 0 otherwise). Under TP-communication
@@ -21,14 +21,22 @@ paid(tp_f, g_f, n), paid(tp_b, g_b, n) (:mod:`autoplan.cost.tp_overlap`).
 
 **Pipeline** (Alpa, Zheng et al. 2022, eq. 2; GPipe and 1F1B take the same time)::
 
-    T_c = t_f + t_b + tp_f + tp_b + 2 s + r (t_f + tp_f) + a   per micro-batch
+    T_c = t_f + t_b + tp_f + tp_b + s(c) + s(c - 1) + r (t_f + tp_f) + a   per micro-batch
     T_d = sum over the chunks c of rank d of T_c
     T   = sum_d T_d + (m - 1) max_d T_d                          v = 1
     T   = m max_d T_d + (pp - 1) max_d T_d / v                   interleaved 1F1B
 
 (Narayanan et al. 2021: the interleaved bubble is (pp - 1)/(v m) of the ideal time).
+Both boundaries of a chunk are on its path, each once per micro-batch: the schedules batch
+a forward's send with a backward's receipt over the same boundary in opposite directions
+(torch.distributed.pipelining's ``Schedule1F1B``; Megatron-LM's
+``send_forward_recv_backward``), which full-duplex links carry at once, so its output
+boundary costs s(c) and its input boundary s(c - 1) (:mod:`autoplan.cost.pipeline_comm`).
+The last chunk, which holds the LM head and is often the slowest, pays its input's
+boundary; the first pays one boundary, not two.
 The breakdown is the slowest rank's: compute m sum (t_f + t_b), recompute m sum (r t_f + a),
-tp_comm m sum (tp_f + tp_b + r tp_f), pp_comm m sum 2 s, bubble = T minus those.
+tp_comm m sum (tp_f + tp_b + r tp_f), pp_comm m sum (s(c) + s(c - 1)), bubble = T minus
+those.
 
 **Data parallelism.** A chunk's parameters come in buckets (:class:`ParamBucket`): psi_b
 local parameters whose gradients are summed over group g_b (the data-parallel group of a
@@ -170,10 +178,11 @@ class ChunkCost:
         return self.fwd if self.checkpoint else self.selective
 
     @property
-    def time(self) -> float:
-        """T_c: seconds of one micro-batch, forward and backward, on the critical path."""
+    def work(self) -> float:
+        """T_c less its pipeline boundaries: seconds of one micro-batch's forward and
+        backward on the chunk's devices (:func:`path_times` adds the boundaries)."""
         tp_f, tp_b = self.tp_paid
-        t = self.fwd + self.bwd + tp_f + tp_b + 2 * self.send + self.recompute
+        t = self.fwd + self.bwd + tp_f + tp_b + self.recompute
         if self.checkpoint:
             t += tp_f
         return t
@@ -185,6 +194,17 @@ class ChunkCost:
                          recompute=self.recompute, tp_forward=tp_f,
                          tp_backward=tp_b, tp_recompute=tp_f if r else 0.0,
                          send=self.send)
+
+
+def _received(chunks: Sequence[ChunkCost]) -> list[float]:
+    """s(c - 1) of each chunk: the send of the chunk before it in stage order (0 first)."""
+    return [0.0] + [c.send for c in chunks[:-1]]
+
+
+def path_times(chunks: Sequence[ChunkCost]) -> list[float]:
+    """T_c of each chunk in stage order (module docstring): its work, its output's boundary
+    s(c) and its input's s(c - 1), once each per micro-batch."""
+    return [c.work + c.send + r for c, r in zip(chunks, _received(chunks))]
 
 
 @dataclass(frozen=True)
@@ -319,7 +339,8 @@ class StepModel:
         pp = len(chunks) // v
         m = work.num_micro_batches
         ranks = [list(chunks[d::pp]) for d in range(pp)]
-        rank_time = [sum(c.time for c in cs) for cs in ranks]
+        paths = path_times(chunks)
+        rank_time = [sum(paths[d::pp]) for d in range(pp)]
         slow = max(range(pp), key=lambda d: rank_time[d])
         if v == 1:
             pipeline = sum(rank_time) + (m - 1) * rank_time[slow]
@@ -330,7 +351,7 @@ class StepModel:
         recompute = m * sum(c.recompute for c in sc)
         tp_comm = m * sum(f + b + (f if c.checkpoint else 0.0)
                           for c, (f, b) in ((c, c.tp_paid) for c in sc))
-        pp_comm = m * sum(2 * c.send for c in sc)
+        pp_comm = m * sum(c.send + r for c, r in zip(sc, _received(chunks)[slow::pp]))
         bubble = max(0.0, pipeline - compute - recompute - tp_comm - pp_comm)
 
         dp_exposed, opt_time, per_rank, syncs = [], [], [], []

@@ -53,8 +53,12 @@ def step_model(plan: Plan, timing: StageTiming) -> StepModel:
         raise ReportError(f"{n} stages on {pp} distinct rank sets: cannot lay out a "
                           "pipeline schedule")
     m = p.num_micro_batches
+    # a backward sends its input's gradient: the boundary before the chunk, s(c - 1)
+    # (:func:`autoplan.cost.step.path_times`); a forward sends its output, s(c)
+    received = [0.0] + [c.send for c in timing.chunks[:-1]]
     blocks = simulate(p.schedule, pp, v, m, [c.forward_block for c in timing.chunks],
-                      [c.backward_block for c in timing.chunks])
+                      [c.backward_block - c.send + r
+                       for c, r in zip(timing.chunks, received)])
     pipeline = makespan(blocks)
     t = plan.prediction.time if plan.prediction else None
     dp = t.dp_comm if t else 0.0
@@ -62,12 +66,13 @@ def step_model(plan: Plan, timing: StageTiming) -> StepModel:
     ranks = []
     for d in range(pp):
         cs = [timing.chunks[c] for c in range(d, n, pp)]
+        boundaries = [received[c] for c in range(d, n, pp)]
         parts = {
             "forward": m * sum(c.forward for c in cs),
             "backward": m * sum(c.backward for c in cs),
             "recompute": m * sum(c.recompute for c in cs),
             "TP comm": m * sum(c.tp_forward + c.tp_backward + c.tp_recompute for c in cs),
-            "PP comm": m * sum(2 * c.send for c in cs),
+            "PP comm": m * sum(c.send + r for c, r in zip(cs, boundaries)),
         }
         parts["idle (bubble)"] = max(0.0, pipeline - sum(parts.values()))
         parts["DP comm"] = dp

@@ -34,7 +34,7 @@ class ChunkTime:
     tp_forward: float = 0.0     # tensor-parallel collectives of the forward
     tp_backward: float = 0.0    # ... of the backward
     tp_recompute: float = 0.0   # ... of the recomputed forward
-    send: float = 0.0           # output sent to the next stage (its gradient comes back)
+    send: float = 0.0           # the boundary to the next stage: output out, its gradient in
 
     @property
     def forward_block(self) -> float:
@@ -43,7 +43,8 @@ class ChunkTime:
 
     @property
     def backward_block(self) -> float:
-        """A backward in the timeline, the recomputed forward included."""
+        """A backward in the timeline, the recomputed forward included, with the output
+        boundary's transfer (the step's layout swaps it for the input's, s(c - 1))."""
         return (self.backward + self.recompute + self.tp_backward + self.tp_recompute
                 + self.send)
 

@@ -52,7 +52,7 @@ from autoplan.cost.tp_overlap import tp_gemm_nodes
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
 from autoplan.cost.shared_cores import tp_collectives, tp_gathers
 from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucket, StepModel, \
-    Workload
+    Workload, path_times
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
 from autoplan.planner.build import split_layers
@@ -496,7 +496,8 @@ class Estimator:
     def step_lower_bound(self, p: ParallelConfig) -> float:
         """The pipeline term of :meth:`predict`'s step time (:meth:`autoplan.cost.step.
         StepModel.compose`), without building the chunks' costs: with T_d the seconds of
-        pipeline rank d per micro-batch (the sum of its chunks' ``ChunkCost.time``),
+        pipeline rank d per micro-batch (the sum of its chunks' T_c,
+        :func:`autoplan.cost.step.path_times`),
 
             pipeline = sum_d T_d + (m - 1) max_d T_d          (v = 1)
             pipeline = m max_d T_d + (pp - 1) max_d T_d / v    (interleaved, v chunks)
@@ -520,8 +521,8 @@ class Estimator:
                     overlap: int = 0) -> tuple[float, float]:
         """(sum over pipeline ranks, max over ranks) of T_d (:meth:`step_lower_bound`),
         summed in :meth:`chunks`' order as ``compose`` sums them; T_c is
-        :attr:`ChunkCost.time <autoplan.cost.step.ChunkCost.time>` of a chunk holding only
-        the terms that time reads (no parameter buckets, no memory)."""
+        :func:`~autoplan.cost.step.path_times` of chunks holding only the terms it
+        reads (no parameter buckets, no memory)."""
         times = self._chunk_times(tp, sp, micro_batch, recompute, pp * v, pp_per_node, ep, cp,
                                   overlap)
         rank = [sum(times[d::pp]) for d in range(pp)]
@@ -533,15 +534,15 @@ class Estimator:
         """T_c of each of the ``chunks`` chunks (:meth:`_rank_times`): the same for every
         (pp, v) with pp v = ``chunks`` (:func:`split_layers` depends on the product only)."""
         ranges = split_layers(self.graph, chunks)
-        times = []
+        chunks = []
         for c, (a, b) in enumerate(ranges):
             (fwd, bwd, tp_f, tp_b, *_, core, gemm_f, gemm_b) = self._layers(
                 a, b, tp, sp, micro_batch, recompute, ep, cp)
             send = self._send(b, tp, micro_batch, c == len(ranges) - 1, pp_per_node, cp)
-            times.append(ChunkCost(fwd, bwd, tp_f, tp_b, send, 0.0, 0.0, recompute == "full",
-                                   (), 0.0, 0, 1, selective=core, tp_overlap=overlap,
-                                   gemm_fwd=gemm_f, gemm_bwd=gemm_b).time)
-        return tuple(times)
+            chunks.append(ChunkCost(fwd, bwd, tp_f, tp_b, send, 0.0, 0.0, recompute == "full",
+                                    (), 0.0, 0, 1, selective=core, tp_overlap=overlap,
+                                    gemm_fwd=gemm_f, gemm_bwd=gemm_b))
+        return tuple(path_times(chunks))
 
     # ---- one configuration ---------------------------------------------------------------
     def chunks(self, p: ParallelConfig) -> list[ChunkCost]:
