@@ -142,9 +142,16 @@ def _problem(run: dict):
     overrides = {k: v for k, v in run["model"].items() if k != "preset"}
     overrides.setdefault("seq_len", run["seq_len"])
     spec = resolve(run["model"]["preset"], **overrides)
-    return spec, prepare(spec, run["cluster"], nodes=run["gpus"] // 8,
+    return spec, prepare(spec, cluster_of(run), nodes=run["gpus"] // 8,
                          global_batch=run["global_batch"], seq_len=run["seq_len"],
                          precision=run.get("precision", "mixed"))
+
+
+def cluster_of(run: dict) -> str:
+    """The run's cluster: a preset name, or a YAML file relative to the data file's folder
+    (a cluster the presets do not describe, e.g. ``clusters/jean-zay-a100.yaml``)."""
+    name = run["cluster"]
+    return str(DATA.parent / name) if name.endswith(".yaml") else name
 
 
 def _spec_cfg(spec) -> dict:

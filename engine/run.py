@@ -167,8 +167,24 @@ def _is_collective_failure(exc: BaseException) -> bool:
                                       "Timed out", "timed out"))
 
 
+#: The caching allocator's settings a rank runs with unless the user set their own:
+#: expandable segments grow one mapping in place instead of cutting fixed cudaMalloc
+#: segments, so freed activation blocks merge with their neighbours (torch.cuda memory
+#: management notes, "expandable_segments"; torchtitan's launcher sets the same). The
+#: allocator reserve the cost model adds (:data:`autoplan.cost.memory.FRAGMENTATION`)
+#: assumes it. Read by the allocator on first CUDA use, so set before anything touches it.
+ALLOCATOR_SETTINGS = "expandable_segments:True"
+
+
+def _allocator_settings() -> None:
+    if not any(k in os.environ for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")):
+        os.environ["PYTORCH_ALLOC_CONF"] = ALLOCATOR_SETTINGS
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from autoplan.trust import take_trust_flag, trusting
+
+    _allocator_settings()
 
     argv, trust = take_trust_flag(sys.argv[1:] if argv is None else argv)
     args = vars(build_parser().parse_args(argv))

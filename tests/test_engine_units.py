@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -296,3 +297,19 @@ def test_engine_support_checks():
         check_engine_support(plan, SPEC, "p")
     check_all(make_plan(pp=2, tp=2, dp=2, sp=True, zero=3, num_micro_batches=2), "p",
               world_size=8)
+
+
+def test_ranks_run_the_allocator_with_expandable_segments_unless_the_user_chose(monkeypatch):
+    """engine.run sets PYTORCH_ALLOC_CONF (the allocator reserve the cost model prices
+    assumes expandable segments) and leaves a user's own setting, either name, alone."""
+    from engine import run
+
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    run._allocator_settings()
+    assert run.ALLOCATOR_SETTINGS == "expandable_segments:True"
+    assert os.environ["PYTORCH_ALLOC_CONF"] == run.ALLOCATOR_SETTINGS
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    run._allocator_settings()
+    assert "PYTORCH_ALLOC_CONF" not in os.environ

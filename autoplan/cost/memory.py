@@ -183,8 +183,14 @@ NCCL_CHANNELS = 16
 #: Caching-allocator reserve over what tensors use: blocks rounded up (512 B, 2 MiB segments)
 #: and freed blocks that do not fit later requests; PyTorch's memory stats typically show
 #: reserved 5-10% above allocated during training with transient activations (torch.cuda
-#: memory_stats, "Understanding CUDA Memory Usage"). 0.07 of the transient bytes.
-FRAGMENTATION = 0.07
+#: memory_stats, "Understanding CUDA Memory Usage"). 0.05 of the transient bytes, the low
+#: end: the engine runs the allocator with expandable segments (``engine.run.
+#: ALLOCATOR_SETTINGS``), which merges freed neighbours inside one growing mapping; and a
+#: published run bounds it from above: Llama 3 405B trained 8K sequences at TP 8, PP 16
+#: without activation checkpointing on 80 GB H100s (Llama 3 paper, arXiv 2407.21783, sec.
+#: 3.3.2), which with this module's other terms leaves room for at most ~0.069 of its
+#: second stage's 64.5 GB of activations (``tests/test_cost_memory.py``).
+FRAGMENTATION = 0.05
 #: Default fraction of device memory a plan leaves free for what no term models (a second
 #: optimizer copy during checkpointing, profiler buffers, spikes); ``--memory-headroom``.
 DEFAULT_HEADROOM = 0.02
