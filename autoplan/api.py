@@ -429,7 +429,7 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
              zero: int = 0, micro_batch: int = 1, checkpoint: str = "none",
              schedule: str = "1f1b", virtual_stages: int = 1,
              sequence_parallel: bool = False, ep: int = 1, cp: int = 1,
-             tp_comm_overlap: bool = False, problem: Problem | None = None) -> Plan:
+             tp_comm_overlap: bool | str = False, problem: Problem | None = None) -> Plan:
     """The prediction for one configuration the user gives, as a Plan (check ``fits(plan)``).
 
     ``dp`` defaults to world / (tp·pp·cp); the number of micro-batches follows from the
@@ -437,7 +437,9 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     divisor of dp splitting the experts); ``cp``: context parallelism (ranks per sequence);
     ``checkpoint``: 'none', 'selective' (the attention core) or 'full' recomputation;
     ``tp_comm_overlap``: TP collectives overlapped with their GEMMs (needs sequence
-    parallelism). A degree or size that is not a positive
+    parallelism), or ``"backward"``: only the input gradients' collectives beside the
+    weight-gradient GEMMs, as Megatron-LM runs by default (:mod:`autoplan.cost.tp_overlap`).
+    A degree or size that is not a positive
     integer, or degrees that do not multiply to the cluster's devices, raise ConfigError
     naming the argument (before the model is traced).
     """
@@ -456,11 +458,14 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     if checkpoint not in ("none", "selective", "full"):
         raise ConfigError(f"must be 'none', 'selective' or 'full', got {checkpoint!r}"[:200],
                           field="checkpoint")
-    if not isinstance(tp_comm_overlap, bool):
-        raise ConfigError(f"must be True or False, got {tp_comm_overlap!r}"[:200],
+    if not isinstance(tp_comm_overlap, bool) and tp_comm_overlap != "backward":
+        raise ConfigError(f"must be True, False or 'backward', got {tp_comm_overlap!r}"[:200],
                           field="tp_comm_overlap")
-    if tp_comm_overlap and not (sequence_parallel and tp > 1 and ep == 1 and cp == 1):
+    if tp_comm_overlap is True and not (sequence_parallel and tp > 1 and ep == 1 and cp == 1):
         raise ConfigError("needs tp > 1 with sequence parallelism, ep = 1 and cp = 1",
+                          field="tp_comm_overlap")
+    if tp_comm_overlap == "backward" and not (tp > 1 and ep == 1 and cp == 1):
+        raise ConfigError("'backward' needs tp > 1, ep = 1 and cp = 1",
                           field="tp_comm_overlap")
     if schedule not in SCHEDULES:
         raise ConfigError(f"must be one of {', '.join(SCHEDULES)}, got {schedule!r}"[:200],

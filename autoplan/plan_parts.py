@@ -40,7 +40,8 @@ class ParallelConfig:
     checkpoint: str = "none"           # "none" | "selective" (attention core) | "full"
     ep: int = 1                        # expert parallelism: experts split over ep of the dp ranks
     cp: int = 1                        # context parallelism: each sequence split over cp ranks
-    tp_comm_overlap: bool = False      # TP collectives decomposed beside their GEMMs
+    tp_comm_overlap: bool | str = False  # TP collectives decomposed beside their GEMMs;
+                                         # "backward": only the input gradients' (Megatron)
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "num_micro_batches", "virtual_stages",
@@ -62,10 +63,12 @@ class ParallelConfig:
         if not isinstance(self.checkpoint, str) or self.checkpoint not in RECOMPUTE_MODES:
             raise PlanError(f"field 'parallel.checkpoint': must be 'none', 'selective' or "
                             f"'full', got {pf.show.repr(self.checkpoint)}")
-        if not isinstance(self.tp_comm_overlap, bool):
-            raise PlanError(f"field 'parallel.tp_comm_overlap': must be true or false, "
-                            f"got {pf.show.repr(self.tp_comm_overlap)}")
-        if self.tp_comm_overlap and not self.sequence_parallel:
+        if not isinstance(self.tp_comm_overlap, bool) and self.tp_comm_overlap != "backward":
+            raise PlanError(f"field 'parallel.tp_comm_overlap': must be true, false or "
+                            f"'backward', got {pf.show.repr(self.tp_comm_overlap)}")
+        if self.tp_comm_overlap == "backward" and self.tp == 1:
+            raise PlanError("field 'parallel.tp_comm_overlap': 'backward' needs tp > 1")
+        if self.tp_comm_overlap is True and not self.sequence_parallel:
             raise PlanError("field 'parallel.tp_comm_overlap': needs sequence parallelism "
                             "(tp > 1, sequence_parallel true), as Megatron-LM's and "
                             "torchtitan's overlap do")
@@ -94,7 +97,7 @@ class ParallelConfig:
                  f"z{self.zero}", f"mb{self.micro_batch}x{self.num_micro_batches}",
                  self.schedule]
         if self.tp_comm_overlap:
-            parts.append("tpoverlap")
+            parts.append("tpoverlap" if self.tp_comm_overlap is True else "tpoverlap-bwd")
         if self.checkpoint == "full":
             parts.append("ckpt")
         elif self.checkpoint == "selective":

@@ -46,7 +46,7 @@ BEFORE = HERE / "results" / "published_runs_before.json"
 RUN_KEYS = {"id", "source", "cluster", "gpus", "model", "global_batch", "parallel", "metric",
             "accounting", "assumed", "approximations", "seq_len"}
 PARALLEL_KEYS = {"tp", "pp", "zero", "checkpoint", "schedule", "micro_batch",
-                 "virtual_stages", "sequence_parallel"}
+                 "virtual_stages", "sequence_parallel", "tp_comm_overlap"}
 METRICS = {"tflops_per_gpu", "tokens_per_gpu", "mfu"}
 FLOPS = {"eq3", "model", "6n_attn"}
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -187,7 +187,8 @@ def price_paper(run: dict, problem) -> tuple[object, dict, bool]:
             kw = dict(tp=par["tp"], pp=par["pp"], dp=dp, zero=par.get("zero", 0),
                       micro_batch=mb, checkpoint=par.get("checkpoint", "none"),
                       schedule=par.get("schedule", "1f1b"), virtual_stages=v,
-                      sequence_parallel=bool(par.get("sequence_parallel", False)))
+                      sequence_parallel=bool(par.get("sequence_parallel", False)),
+                      tp_comm_overlap=par.get("tp_comm_overlap", False))
             if kw["schedule"] == "interleaved_1f1b" and kw["pp"] == 1:
                 if v != 1:
                     continue

@@ -19,7 +19,8 @@ import torch
 from autoplan.api import estimate, prepare
 from autoplan.cost.memory import activation_bytes, selective_peak_bytes
 from autoplan.cost.recompute import attention_core, core_fwd_flops, korthikanti_layer_bytes
-from autoplan.cost.tp_overlap import EFFICIENCY, paid
+from autoplan.cost.tp_overlap import (BACKWARD_SHARE, EFFICIENCY, WGRAD_SHARE, paid,
+                                      paid_backward)
 from autoplan.errors import ConfigError, PlanError
 from autoplan.export.common import NotExpressibleError
 from autoplan.export.deepspeed import deepspeed_config
@@ -82,6 +83,22 @@ def test_tp_overlap_price():
         assert 0 < paid(c, w, n) <= c
     with pytest.raises(ValueError):
         paid(1.0, 1.0, 0)
+
+
+def test_backward_only_overlap_price():
+    """paid_bwd(C_b, W_b, c): the share c of the backward collectives (the column-parallel
+    input gradients: half of them under SP, all without) hides behind the column-parallel
+    weight gradients (WGRAD_SHARE of the TP GEMMs' backward), at 0.1 of its time."""
+    assert BACKWARD_SHARE == {True: 0.5, False: 1.0}
+    assert paid_backward(1.0, 10.0, 0.5) == pytest.approx(1 - 0.9 * 0.5)
+    assert paid_backward(1.0, 10.0, 1.0) == pytest.approx(0.1)
+    assert paid_backward(1.0, 1.0, 1.0) == pytest.approx(1 - 0.9 * WGRAD_SHARE)
+    assert paid_backward(1.0, 0.0, 0.5) == 1.0 and paid_backward(0.0, 1.0, 0.5) == 0.0
+    # per layer (forward and backward C each) the decomposition hides more in all, though
+    # less of the backward alone: it loses (1 - EFFICIENCY) to the decomposition itself
+    assert 2 * paid(1.0, 10.0, 8) < 1.0 + paid_backward(1.0, 10.0, 0.5)
+    with pytest.raises(ValueError, match="share"):
+        paid_backward(1.0, 1.0, 1.5)
 
 
 # ---- pricing on traced models ------------------------------------------------------------
@@ -149,6 +166,30 @@ def test_tp_overlap_lowers_only_tp_time(eager):
     assert over.step_time_s < base.step_time_s
 
 
+def test_backward_only_overlap_lowers_only_the_backward_tp_time(eager):
+    """tp_comm_overlap "backward" (Megatron-LM's asynchronous input-gradient collectives):
+    with and without SP, the step pays less TP time than without overlap and, under SP, more
+    than the decomposed overlap; nothing else moves; the label says which."""
+    for sp in (True, False):
+        base = _estimate(eager, tp=8, sequence_parallel=sp)
+        bwd = _estimate(eager, tp=8, sequence_parallel=sp, tp_comm_overlap="backward")
+        assert 0 < bwd.time.tp_comm < base.time.tp_comm
+        for k in ("compute", "recompute", "dp_comm", "pp_comm", "optimizer"):
+            assert getattr(bwd.time, k) == getattr(base.time, k), k
+        assert bwd.memory.total == base.memory.total
+    full = _estimate(eager, tp=8, sequence_parallel=True, tp_comm_overlap=True)
+    half = _estimate(eager, tp=8, sequence_parallel=True, tp_comm_overlap="backward")
+    assert full.time.tp_comm < half.time.tp_comm
+    label = ParallelConfig(tp=2, tp_comm_overlap="backward").label()
+    assert "tpoverlap-bwd" in label
+    with pytest.raises(PlanError, match="tp_comm_overlap.*backward"):
+        ParallelConfig(tp=1, tp_comm_overlap="backward")
+    with pytest.raises(PlanError, match="true, false or 'backward'"):
+        ParallelConfig(tp=2, tp_comm_overlap="forward")
+    with pytest.raises(ConfigError, match="'backward' needs tp > 1"):
+        _estimate(eager, tp=1, tp_comm_overlap="backward")
+
+
 def test_grid_enumerates_the_new_options_where_they_apply(eager):
     """Selective where blocks keep attention matrices; TP-communication overlap only when
     asked (plans for the exporters: the engine does not run it), on GPUs, tp > 1 with SP."""
@@ -191,7 +232,7 @@ def test_plan_fields_validate_with_clear_errors():
         ParallelConfig(checkpoint="attention")
     with pytest.raises(PlanError, match="parallel.tp_comm_overlap.*sequence parallelism"):
         ParallelConfig(tp=2, tp_comm_overlap=True)
-    with pytest.raises(PlanError, match="parallel.tp_comm_overlap.*true or false"):
+    with pytest.raises(PlanError, match="parallel.tp_comm_overlap.*true, false or .backward."):
         ParallelConfig(tp=2, sequence_parallel=True, tp_comm_overlap="yes")
     with pytest.raises(ConfigError):
         estimate("gpt-tiny", "local-cpu", global_batch=4, tp_comm_overlap=True)
@@ -240,6 +281,16 @@ def test_export_maps_selective_and_overlap():
         deepspeed_config(_cuda_plan(dp=2, checkpoint="selective"))
     full, _ = megatron_args(_cuda_plan(tp=2, sp=True, checkpoint=True))
     assert ("--recompute-granularity", "full") in full
+    # the backward-only overlap is Megatron-LM's default: no flag, a note; torchtitan has
+    # none, so it does not enable async TP and says the prediction is optimistic there
+    bwd = Plan.from_dict({**plan.to_dict(), "parallel": {**plan.to_dict()["parallel"],
+                                                         "tp_comm_overlap": "backward"}})
+    args, notes = megatron_args(bwd)
+    assert not any("--tp-comm-overlap" in " ".join(a) for a in args)
+    assert any("CUDA_DEVICE_MAX_CONNECTIONS=1" in n for n in notes)
+    tt = to_torchtitan(bwd)
+    assert "enable_async_tensor_parallel = false" in tt.text
+    assert any("optimistic" in n for n in tt.notes)
 
 
 # ---- the engine --------------------------------------------------------------------------
@@ -251,6 +302,10 @@ def test_engine_refuses_tp_overlap(tmp_path):
                                                           "tp_comm_overlap": True}})
     with pytest.raises(PlanError, match="parallel.tp_comm_overlap.*export"):
         check_all(plan, "p.json", world_size=2)
+    bwd = Plan.from_dict({**plan.to_dict(), "parallel": {**plan.to_dict()["parallel"],
+                                                         "tp_comm_overlap": "backward"}})
+    with pytest.raises(PlanError, match="parallel.tp_comm_overlap"):
+        check_all(bwd, "p.json", world_size=2)
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])

@@ -17,7 +17,9 @@ seconds of its blocks' attention cores, recomputed in backward under selective
 recomputation (:mod:`autoplan.cost.recompute`; 0 otherwise). Under TP-communication
 overlap (``ChunkCost.tp_overlap`` = n > 0 steps) tp_f and tp_b stand for what the step still
 pays of them beside the TP-sharded GEMMs' g_f(c), g_b(c) seconds:
-paid(tp_f, g_f, n), paid(tp_b, g_b, n) (:mod:`autoplan.cost.tp_overlap`).
+paid(tp_f, g_f, n), paid(tp_b, g_b, n); under the backward-only overlap
+(``ChunkCost.tp_overlap_backward`` = c > 0, Megatron-LM's asynchronous input-gradient
+collectives) tp_b stands for paid_bwd(tp_b, g_b, c) (:mod:`autoplan.cost.tp_overlap`).
 
 **Pipeline** (Alpa, Zheng et al. 2022, eq. 2; GPipe and 1F1B take the same time)::
 
@@ -104,7 +106,7 @@ from autoplan.cost.memory import (PRECISION_BYTES, fragmentation_bytes, in_fligh
 from autoplan.cost.overlap import (DDP_BUCKET_BYTES, INTERFERENCE, bucketed_reduction,
                                    zero3_micro_batch)
 from autoplan.cost.shared_cores import SharedCores
-from autoplan.cost.tp_overlap import paid
+from autoplan.cost.tp_overlap import paid, paid_backward
 from autoplan.plan import MemoryBreakdown, Prediction, StageTime, TimeBreakdown
 
 #: Fraction of an overlapped collective's time that still slows the step (NCCL's SMs,
@@ -160,17 +162,22 @@ class ChunkCost:
     transient: float = 0.0      # temporaries (bytes): fp32 loss, pipeline send/recv buffers
     selective: float = 0.0      # a: attention-core forward seconds recomputed (selective)
     tp_overlap: int = 0         # n: TP collectives decomposed beside their GEMMs (0: off)
+    tp_overlap_backward: float = 0.0  # c: backward-only overlap's share (0: off)
     gemm_fwd: float = 0.0       # g_f, g_b: compute seconds of the TP-sharded GEMMs
     gemm_bwd: float = 0.0
 
     @property
     def tp_paid(self) -> tuple[float, float]:
         """(forward, backward) in-layer communication seconds the step pays: tp_f, tp_b, or
-        under TP-communication overlap paid(tp, g, n) (module docstring)."""
-        if not self.tp_overlap:
-            return self.tp_fwd, self.tp_bwd
-        return (paid(self.tp_fwd, self.gemm_fwd, self.tp_overlap),
-                paid(self.tp_bwd, self.gemm_bwd, self.tp_overlap))
+        under TP-communication overlap paid(tp, g, n), or under the backward-only overlap
+        tp_f, paid_bwd(tp_b, g_b, c) (module docstring)."""
+        if self.tp_overlap:
+            return (paid(self.tp_fwd, self.gemm_fwd, self.tp_overlap),
+                    paid(self.tp_bwd, self.gemm_bwd, self.tp_overlap))
+        if self.tp_overlap_backward:
+            return self.tp_fwd, paid_backward(self.tp_bwd, self.gemm_bwd,
+                                              self.tp_overlap_backward)
+        return self.tp_fwd, self.tp_bwd
 
     @property
     def recompute(self) -> float:

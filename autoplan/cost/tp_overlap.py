@@ -45,6 +45,28 @@ The step composition applies it (:mod:`autoplan.cost.step`, ``ChunkCost.tp_paid`
 chunk's in-layer communication, which under ``tp_comm_overlap`` is TP only (the plan rejects
 it with expert or context parallelism, whose all-to-alls and key/value exchanges are not
 decomposed this way).
+
+**Backward-only overlap** (``tp_comm_overlap: "backward"``): what Megatron-LM has run by
+default since sequence parallelism (Korthikanti et al. 2022; ``megatron/core/tensor_parallel/
+layers.py``, ``LinearWithGradAccumulationAndAsyncCommunication``), with no decomposition. In
+a column-parallel linear's backward the input gradient's collective -- a reduce-scatter
+under sequence parallelism, an all-reduce without -- is launched asynchronously and the
+weight-gradient GEMM runs while it travels (one CUDA connection orders the two). Nothing
+else moves: the forward's collectives and the row-parallel linears' backward all-gathers
+still wait for their GEMMs. So of the backward's TP collectives C_b the share c that are
+column-parallel input gradients -- 1/2 under sequence parallelism (two reduce-scatters
+beside the two row-parallel all-gathers of a block), 1 without (the all-reduces of the
+column-parallel inputs are all there is) -- hides behind the column-parallel weight
+gradients::
+
+    paid_bwd(C_b, W_b, c) = C_b - h + INTERFERENCE h,   h = min(c C_b, WGRAD_SHARE W_b)
+
+with W_b the backward seconds of the TP-sharded GEMMs and WGRAD_SHARE the column-parallel
+weight gradients' part of them: half (the weight gradient; the other half is the input
+gradient) of the column GEMMs' FLOP share, 7/12 for a GPT block (QKV 3h^2 and FC1 4h^2 of 12h^2) and 0.64 for Llama 3
+405B's (grouped QKV 1.125h^2 and gate/up 6.5h^2 of 11.9h^2): 0.3. The forward is paid whole.
+The local engine runs neither mode (:mod:`engine.runtime` refuses both); they price a plan for
+the runtime that does.
 """
 
 from __future__ import annotations
@@ -69,6 +91,28 @@ def paid(comm: float, window: float, steps: int, interference: float = INTERFERE
     if steps == 1:
         return comm
     hidden = min(efficiency * comm * (steps - 1) / steps, window)
+    return comm - hidden + interference * hidden
+
+
+#: Column-parallel weight-gradient GEMMs' share of the TP GEMMs' backward seconds (module
+#: docstring: half of the column GEMMs' ~0.6 FLOP share in GPT and Llama blocks).
+WGRAD_SHARE = 0.3
+#: Share c of the backward TP collectives that are column-parallel input gradients (module
+#: docstring), with and without sequence parallelism.
+BACKWARD_SHARE = {True: 0.5, False: 1.0}
+
+
+def paid_backward(comm: float, window: float, share: float,
+                  interference: float = INTERFERENCE) -> float:
+    """paid_bwd(C_b, W_b, c) of the module docstring: seconds of ``comm`` s of backward TP
+    collectives the step still pays when the ``share`` of them that are column-parallel
+    input gradients run beside the weight-gradient GEMMs (``window``: the TP GEMMs' backward
+    seconds)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share must be in [0, 1], got {share!r}")
+    if not comm >= 0 or not window >= 0:
+        raise ValueError(f"comm and window must be >= 0 seconds, got {comm!r}, {window!r}")
+    hidden = min(share * comm, WGRAD_SHARE * window)
     return comm - hidden + interference * hidden
 
 

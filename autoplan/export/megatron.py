@@ -91,10 +91,14 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
                  ("--recompute-num-layers", "1")]
     elif layout.selective:
         args.append(("--recompute-granularity", "selective"))
-    if p.tp_comm_overlap:
+    if p.tp_comm_overlap is True:
         args.append(("--tp-comm-overlap",))
         notes.append("--tp-comm-overlap runs on Transformer Engine's userbuffers (install "
                      "TE with userbuffers support; Megatron-LM initialises them itself)")
+    elif p.tp_comm_overlap == "backward":
+        notes.append("the prediction assumes Megatron-LM's default overlap of the input "
+                     "gradients' TP collectives with the weight-gradient GEMMs (it needs "
+                     "CUDA_DEVICE_MAX_CONNECTIONS=1 in the environment)")
     if p.zero == 1:
         args.append(("--use-distributed-optimizer",))
     dtype = compute_dtype(plan)

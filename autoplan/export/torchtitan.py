@@ -123,7 +123,7 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
               f"data_parallel_replicate_degree = {replicate}",
               f"data_parallel_shard_degree = {shard}",
               f"tensor_parallel_degree = {p.tp}",
-              f"enable_async_tensor_parallel = {toml_value(p.tp_comm_overlap)}",
+              f"enable_async_tensor_parallel = {toml_value(p.tp_comm_overlap is True)}",
               f"pipeline_parallel_degree = {p.pp}",
               f"context_parallel_degree = {p.cp}",
               f"expert_parallel_degree = {p.ep}"]
@@ -141,9 +141,13 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
     if p.tp > 1 and not p.sequence_parallel:
         notes.append("torchtitan's tensor parallelism always uses sequence parallelism; the "
                      "plan predicts without it (activation memory will be lower)")
-    if p.tp_comm_overlap:
+    if p.tp_comm_overlap is True:
         notes.append("enable_async_tensor_parallel needs torch.compile of the model "
                      "([compile] enable = true, components = [\"model\"])")
+    elif p.tp_comm_overlap == "backward":
+        notes.append("torchtitan's tensor parallelism does not overlap the input gradients' "
+                     "collectives with the weight-gradient GEMMs: the plan's prediction, "
+                     "which assumes it (Megatron-LM's default), is optimistic here")
     mode = "full" if layout.checkpoint else "selective" if layout.selective else "none"
     lines += ["", "[activation_checkpoint]", f"mode = {toml_value(mode)}"]
     if layout.selective:

@@ -48,7 +48,7 @@ from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
 from autoplan.cost.recompute import attention_core, core_fwd_flops
-from autoplan.cost.tp_overlap import tp_gemm_nodes
+from autoplan.cost.tp_overlap import BACKWARD_SHARE, tp_gemm_nodes
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
 from autoplan.cost.shared_cores import tp_collectives, tp_gathers
 from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucket, StepModel, \
@@ -59,6 +59,21 @@ from autoplan.planner.build import split_layers
 from autoplan.precision import precision as precision_named
 
 __all__ = ["OVERLAP_COST", "Estimator", "divisors", "fits"]
+
+
+#: (n, c) of a configuration without TP-communication overlap (:func:`tp_overlap`).
+NO_OVERLAP = (0, 0.0)
+
+
+def tp_overlap(p: ParallelConfig) -> tuple[int, float]:
+    """(n, c) for :class:`~autoplan.cost.step.ChunkCost`: the decomposition's steps (the TP
+    degree) under ``tp_comm_overlap: true``, the backward-only overlap's share under
+    ``"backward"`` (:data:`autoplan.cost.tp_overlap.BACKWARD_SHARE`), else none."""
+    if p.tp_comm_overlap is True:
+        return (p.tp, 0.0)
+    if p.tp_comm_overlap == "backward":
+        return (0, BACKWARD_SHARE[p.sequence_parallel])
+    return NO_OVERLAP
 
 
 class Estimator:
@@ -447,12 +462,12 @@ class Estimator:
         return self._chunk_cost(start, end, p.tp, p.sequence_parallel, p.micro_batch,
                                 p.checkpoint, last, p.dp, p.zero,
                                 2 if self._pp_same_node(p) else 1, p.ep, p.cp,
-                                p.tp if p.tp_comm_overlap else 0)
+                                tp_overlap(p))
 
     @functools.lru_cache(maxsize=None)
     def _chunk_cost(self, start: int, end: int, tp: int, sp: bool, micro_batch: int,
                     recompute: str, last: bool, dp: int, zero: int, pp_per_node: int,
-                    ep: int = 1, cp: int = 1, overlap: int = 0) -> ChunkCost:
+                    ep: int = 1, cp: int = 1, overlap: tuple = NO_OVERLAP) -> ChunkCost:
         (fwd, bwd, tp_f, tp_b, params, params_sp, act, peak, gathered, cpu_f, cpu_b,
          experts, core, gemm_f, gemm_b) = self._layers(start, end, tp, sp, micro_batch,
                                                        recompute, ep, cp)
@@ -470,8 +485,8 @@ class Estimator:
                          gathered, zero, dp * cp * tp, cpu_f, cpu_b, modules,
                          transient=temporary_bytes(self.graph, start, end,
                                                    micro_batch / self.b0 / cp, tp),
-                         selective=core, tp_overlap=overlap, gemm_fwd=gemm_f,
-                         gemm_bwd=gemm_b)
+                         selective=core, tp_overlap=overlap[0],
+                         tp_overlap_backward=overlap[1], gemm_fwd=gemm_f, gemm_bwd=gemm_b)
 
     @functools.lru_cache(maxsize=None)
     def _send(self, end: int, tp: int, micro_batch: int, last: bool, pp_per_node: int,
@@ -509,7 +524,7 @@ class Estimator:
         total, slow = self._rank_times(p.tp, p.sequence_parallel, p.micro_batch,
                                        p.checkpoint, p.pp, p.virtual_stages,
                                        2 if self._pp_same_node(p) else 1, p.ep, p.cp,
-                                       p.tp if p.tp_comm_overlap else 0)
+                                       tp_overlap(p))
         m, v = p.num_micro_batches, p.virtual_stages
         if v == 1:
             return total + (m - 1) * slow
@@ -518,7 +533,7 @@ class Estimator:
     @functools.lru_cache(maxsize=None)
     def _rank_times(self, tp: int, sp: bool, micro_batch: int, recompute: str, pp: int,
                     v: int, pp_per_node: int, ep: int, cp: int,
-                    overlap: int = 0) -> tuple[float, float]:
+                    overlap: tuple = NO_OVERLAP) -> tuple[float, float]:
         """(sum over pipeline ranks, max over ranks) of T_d (:meth:`step_lower_bound`),
         summed in :meth:`chunks`' order as ``compose`` sums them; T_c is
         :func:`~autoplan.cost.step.path_times` of chunks holding only the terms it
@@ -530,19 +545,20 @@ class Estimator:
 
     @functools.lru_cache(maxsize=None)
     def _chunk_times(self, tp: int, sp: bool, micro_batch: int, recompute: str, chunks: int,
-                     pp_per_node: int, ep: int, cp: int, overlap: int) -> tuple[float, ...]:
+                     pp_per_node: int, ep: int, cp: int, overlap: tuple) -> tuple[float, ...]:
         """T_c of each of the ``chunks`` chunks (:meth:`_rank_times`): the same for every
         (pp, v) with pp v = ``chunks`` (:func:`split_layers` depends on the product only)."""
         ranges = split_layers(self.graph, chunks)
-        chunks = []
+        costs = []
         for c, (a, b) in enumerate(ranges):
             (fwd, bwd, tp_f, tp_b, *_, core, gemm_f, gemm_b) = self._layers(
                 a, b, tp, sp, micro_batch, recompute, ep, cp)
             send = self._send(b, tp, micro_batch, c == len(ranges) - 1, pp_per_node, cp)
-            chunks.append(ChunkCost(fwd, bwd, tp_f, tp_b, send, 0.0, 0.0, recompute == "full",
-                                    (), 0.0, 0, 1, selective=core, tp_overlap=overlap,
-                                    gemm_fwd=gemm_f, gemm_bwd=gemm_b))
-        return tuple(path_times(chunks))
+            costs.append(ChunkCost(fwd, bwd, tp_f, tp_b, send, 0.0, 0.0, recompute == "full",
+                                   (), 0.0, 0, 1, selective=core, tp_overlap=overlap[0],
+                                   tp_overlap_backward=overlap[1],
+                                   gemm_fwd=gemm_f, gemm_bwd=gemm_b))
+        return tuple(path_times(costs))
 
     # ---- one configuration ---------------------------------------------------------------
     def chunks(self, p: ParallelConfig) -> list[ChunkCost]:

@@ -156,7 +156,7 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
                            for k, _ in comp.counts)
             stages.append(StageChoice(a, b, mesh, choice, p.zero, ckpt,
                                       selective=p.checkpoint == "selective",
-                                      tp_overlap=p.tp_comm_overlap))
+                                      tp_overlap=p.tp_comm_overlap is True))
         return PipelineChoice(tuple(stages), micro_batch, p.num_micro_batches, p.schedule,
                               p.virtual_stages)
 
