@@ -1,0 +1,43 @@
+"""The published-runs benchmark's data file: every row loads, names a source, a cluster that
+loads (a preset, or a file beside the data) and a configuration the plan validates; a bad
+row is refused naming the row and the field. (The pricing itself is the benchmark's,
+``python benchmarks/published_runs.py``, minutes; not run here.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autoplan.cluster import load_cluster
+from autoplan.plan import ParallelConfig
+from benchmarks.published_runs import DataError, cluster_of, load_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_row_loads_with_its_cluster_and_a_valid_configuration():
+    sources, runs = load_runs()
+    assert len(runs) >= 30 and len({r["source"] for r in runs}) >= 6
+    assert {r["source"] for r in runs} <= set(sources)
+    for run in runs:
+        cluster = load_cluster(cluster_of(run), nodes=run["gpus"] // 8)
+        assert cluster.world_size == run["gpus"], run["id"]
+        par = run["parallel"]
+        fixed = {k: v for k, v in par.items() if v != "best"}
+        dp = run["gpus"] // (par["tp"] * par["pp"])
+        ParallelConfig(dp=dp, **{k: v for k, v in fixed.items()
+                                 if k not in ("micro_batch", "virtual_stages")})
+    bloom = next(r for r in runs if r["id"] == "bloom-176b")
+    jz = load_cluster(cluster_of(bloom))
+    assert jz.inter_node.nics == 4 and jz.inter_node.bandwidth_gbps == 12
+
+
+def test_a_bad_row_is_refused_naming_the_row_and_the_field(tmp_path):
+    data = (ROOT / "benchmarks" / "data" / "published_runs.yaml").read_text()
+    bad = tmp_path / "runs.yaml"
+    bad.write_text(data.replace("parallel: {tp: 8, pp: 1, zero: 0, sequence_parallel: true",
+                                "parallel: {tp: 8, pp: 1, zero: 0, sequence_parallel: true, "
+                                "overlap: 1", 1))
+    with pytest.raises(DataError, match=r"runs\[\d+\] \(kor-22b\): field 'parallel'"):
+        load_runs(bad)
