@@ -151,12 +151,22 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default="1f1b")
     g.add_argument("--virtual-stages", type=_count(1), default=1)
     g.add_argument("--sp", action="store_true", help="sequence parallelism (needs tp > 1)")
-    g.add_argument("--tp-comm-overlap", action="store_true",
-                   help="overlap TP collectives with their GEMMs (needs --sp)")
+    g.add_argument("--tp-comm-overlap", nargs="?", const=True, default=False,
+                   type=_backward_only, metavar="backward",
+                   help="overlap TP collectives with their GEMMs (needs --sp); 'backward': "
+                   "only the input gradients' beside the weight-gradient GEMMs, as "
+                   "Megatron-LM runs by default")
     g.add_argument("--ep", type=_count(1), default=1,
                    help="expert parallelism: experts split over ep of the dp ranks (MoE)")
     g.add_argument("--cp", type=_count(1), default=1,
                    help="context parallelism: each sequence split over cp ranks")
+
+
+def _backward_only(text: str) -> str:
+    """``--tp-comm-overlap``'s optional value: only ``backward``."""
+    if text != "backward":
+        raise argparse.ArgumentTypeError(f"expected 'backward' or no value, got {text!r}")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,6 +50,23 @@ def test_estimate_compares_with_autoplan(capsys):
     assert doc["autoplan"]["prediction"]["step_time_s"] <= doc["prediction"]["step_time_s"]
 
 
+def test_estimate_takes_the_backward_only_tp_overlap(capsys):
+    """``--tp-comm-overlap`` alone: the decomposed overlap (needs --sp); ``--tp-comm-overlap
+    backward``: Megatron-LM's default, with or without SP, cheaper than none; any other
+    value is a one-line usage error."""
+    argv = ["estimate", *SMALL, "--cluster", "dgx-a100", "--global-batch", "64", "--tp", "8",
+            "--no-compare", "--json"]
+    none = _json(capsys, argv)
+    bwd = _json(capsys, [*argv, "--tp-comm-overlap", "backward"])
+    assert bwd["config"]["tp_comm_overlap"] == "backward" and "tpoverlap-bwd" in bwd["parallel"]
+    assert bwd["prediction"]["step_time_s"] < none["prediction"]["step_time_s"]
+    full = _json(capsys, [*argv, "--sp", "--tp-comm-overlap"])
+    assert full["config"]["tp_comm_overlap"] is True
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--tp-comm-overlap", "forward"])
+    assert exc.value.code == 2 and "expected 'backward'" in capsys.readouterr().err
+
+
 def _piped(*argv: str, timeout: int = 600) -> str:
     """``autoplan ARGV | cat`` at COLUMNS=80: what a pipe or a log gets."""
     import os
