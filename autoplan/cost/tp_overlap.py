@@ -116,6 +116,22 @@ def paid_backward(comm: float, window: float, share: float,
     return comm - hidden + interference * hidden
 
 
+#: (n, c) of a configuration without TP-communication overlap (:func:`tp_overlap`).
+NO_OVERLAP = (0, 0.0)
+
+
+def tp_overlap(p) -> tuple[int, float]:
+    """(n, c) of a :class:`~autoplan.plan.ParallelConfig` ``p`` for
+    :class:`~autoplan.cost.step.ChunkCost`: the decomposition's steps (the TP degree) under
+    ``tp_comm_overlap: true``, the backward-only overlap's share under ``"backward"``
+    (:data:`BACKWARD_SHARE`), else none."""
+    if p.tp_comm_overlap is True:
+        return (p.tp, 0.0)
+    if p.tp_comm_overlap == "backward":
+        return (0, BACKWARD_SHARE[p.sequence_parallel])
+    return NO_OVERLAP
+
+
 def tp_gemm_nodes(graph) -> frozenset[str]:
     """Nodes of ``graph`` whose compute hides TP collectives under overlap: the matmuls of
     column- and row-parallel ops (Megatron's ColumnParallelLinear / RowParallelLinear)."""

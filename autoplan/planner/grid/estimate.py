@@ -48,7 +48,7 @@ from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
 from autoplan.cost.recompute import attention_core, core_fwd_flops
-from autoplan.cost.tp_overlap import BACKWARD_SHARE, tp_gemm_nodes
+from autoplan.cost.tp_overlap import NO_OVERLAP, tp_gemm_nodes, tp_overlap
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
 from autoplan.cost.shared_cores import tp_collectives, tp_gathers
 from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucket, StepModel, \
@@ -59,21 +59,6 @@ from autoplan.planner.build import split_layers
 from autoplan.precision import precision as precision_named
 
 __all__ = ["OVERLAP_COST", "Estimator", "divisors", "fits"]
-
-
-#: (n, c) of a configuration without TP-communication overlap (:func:`tp_overlap`).
-NO_OVERLAP = (0, 0.0)
-
-
-def tp_overlap(p: ParallelConfig) -> tuple[int, float]:
-    """(n, c) for :class:`~autoplan.cost.step.ChunkCost`: the decomposition's steps (the TP
-    degree) under ``tp_comm_overlap: true``, the backward-only overlap's share under
-    ``"backward"`` (:data:`autoplan.cost.tp_overlap.BACKWARD_SHARE`), else none."""
-    if p.tp_comm_overlap is True:
-        return (p.tp, 0.0)
-    if p.tp_comm_overlap == "backward":
-        return (0, BACKWARD_SHARE[p.sequence_parallel])
-    return NO_OVERLAP
 
 
 class Estimator:
