@@ -448,3 +448,49 @@ def test_stage_dp_skipping_unusable_rows_matches_brute_force():
             t_max = float(np.median(finite))
             assert np.array_equal(stage_dp(t, v, t_max),
                                   stage_dp(t, v, t_max, t.min(axis=(1, 2))))
+
+
+def test_integral_lp_relaxation_gives_the_branch_and_bound_optimum(small):
+    """The LP relaxation's integral optimum (intra_op._integral_relaxation) has the
+    objective CBC's branch and bound finds, on the whole model's ILP on three meshes at
+    every library memory weight, with and without a memory budget, and on random
+    instances (some fractional at the root: those fall back to CBC)."""
+    import math
+
+    from autoplan.planner.search.intra_op import IlpBuilder, _integral_relaxation
+    from test_search import _random_problem
+
+    problem, ms, ev = small
+    comp = Composition.of(ms, 0, len(problem.graph.layers))
+    integral = 0
+    for mesh in MESHES:
+        costs = {k: ev.kind_costs(k, mesh, 16) for k, _ in comp.counts}
+        free, _ = build_problem(ev.cm, ms, comp, mesh, 16, micro_batches=4, in_flight=1,
+                                checkpoint=False, costs=costs)
+        least = solve(free, relaxation_first=False).memory
+        for budget in (math.inf, 1.2 * least):
+            ilp, _ = build_problem(ev.cm, ms, comp, mesh, 16, micro_batches=4, in_flight=1,
+                                   checkpoint=False, costs=costs, budget=budget)
+            weights = [ilp_weight(w) for w in LAMBDAS]
+            fast = list(solve_weights(ilp, weights, time_limit_s=lambda: 30.0))
+            slow = list(solve_weights(ilp, weights, time_limit_s=lambda: 30.0,
+                                      relaxation_first=False))
+            for w, a, b in zip(weights, fast, slow):
+                assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-12)
+                assert a.memory <= budget * (1 + 1e-9)
+                builder = IlpBuilder(ilp.__class__(**{**ilp.__dict__, "mem_weight": w}))
+                builder.build()
+                integral += _integral_relaxation(builder, 30.0) is not None
+    assert integral >= 9                  # the fast path ran (most of the 18 are integral)
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        ilp = _random_problem(rng)
+        try:
+            want = solve(ilp, relaxation_first=False, explain=False)
+        except Exception as exc:          # infeasible: so is the relaxation-first solve
+            with pytest.raises(type(exc)):
+                solve(ilp, explain=False)
+            continue
+        got = solve(ilp, explain=False)
+        assert got.objective == pytest.approx(want.objective, rel=1e-6, abs=1e-9)
+        assert got.memory <= ilp.budget * (1 + 1e-9)
