@@ -61,6 +61,7 @@ from autoplan.planner.search.inter_op import pipeline_dp
 from autoplan.planner.search.library import LAMBDAS, Library, build_library
 from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
 from autoplan.planner.search.kind_tables import KindTable, kind_table
+from autoplan.planner.search.prune import Ranked, latency_lower_bound
 from autoplan.planner.search.tables import (INF, Combos, LayerArrays, SharedRows, layer_arrays,
                                             range_table)
 from autoplan.schedule import runs_micro_batches
@@ -86,6 +87,7 @@ class SearchOptions:
     megatron_seeds: bool = True
     backend: str = "CBC"
     exact_candidates: int = 12
+    prune_micro_batches: bool = True    # skip counts that provably cannot be priced (prune.py)
 
 
 @dataclass
@@ -220,10 +222,24 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     kinds = list(dict.fromkeys(ms.layer_kind))
     n_blocks = sum(ms.is_block)
     max_stages = max(1, min(opts.max_stages, len(units) - 1, v_units))
-    candidates: list[Candidate] = []
+    # ranks sharing CPU cores: the exact price composes the step for them (bubbles cost
+    # little, overlap hides nothing), which the tables' latencies do not rank by; price them
+    # all (a CPU cluster's candidates are few)
+    limit = None if ev.composer is not None else opts.exact_candidates
+    counts = micro_batch_counts(global_batch, opts, v_units)
+    found_of: dict[int, list[Candidate]] = {}
+    ranked = Ranked(limit, _mixed_recompute) if limit and opts.prune_micro_batches else None
+    pruned: list[int] = []
     dp_runs = 0
-    for m in micro_batch_counts(global_batch, opts, v_units):
+    # the most micro-batches first (the smallest bubbles, usually the fastest pipelines), so
+    # that the bound of prune.py can skip the counts that cannot be priced
+    for m in sorted(counts, reverse=ranked is not None):
         mb = global_batch // m
+        found_of[m] = candidates = []
+        # balanced pipelines of pp equal submeshes of n units, every schedule: their chunks
+        # are priced with the stage DP's ranges on the same meshes (SharedRows)
+        balanced = {v_units // pp: (pp, *_balanced_chunks(ms, pp, m, opts, n_blocks))
+                    for pp in divisors(v_units) if pp <= max(n_blocks, 1)}
         meshes_of: dict[int, list[LogicalMesh]] = {}
         for n in sizes:
             meshes_of[n] = submesh_shapes(n * per_unit, dpn)
@@ -232,11 +248,17 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
                     ws.kind_table(k, mesh, mb)
         tables = {(k, mesh): ws.tables[(k, mesh, mb)]
                   for n in sizes for mesh in meshes_of[n] for k in kinds}
+        if ranked is not None and ranked.best:
+            usable = dict(tables)            # every mesh m's pipelines may use
+            for n in balanced:
+                for mesh in submesh_shapes(n * per_unit, dpn):
+                    for k in kinds:
+                        usable[(k, mesh)] = ws.kind_table(k, mesh, mb)
+            if ranked.beaten(latency_lower_bound(ev, usable, m, cluster.world_size,
+                                                 memory)):
+                pruned.append(m)
+                continue
         arrays = ws.layer_arrays(mb)
-        # balanced pipelines of pp equal submeshes of n units, every schedule: their chunks
-        # are priced with the stage DP's ranges on the same meshes (SharedRows)
-        balanced = {v_units // pp: (pp, *_balanced_chunks(ms, pp, m, opts, n_blocks))
-                    for pp in divisors(v_units) if pp <= max(n_blocks, 1)}
         shared = SharedRows(ev, mb, m, combos, arrays,
                             {n * per_unit: (a, b) for n, (_, _, _, a, b) in balanced.items()})
         # the stage DP
@@ -283,6 +305,10 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
             best = _balanced(ev, ms, meshes_of[n], tables, shared, mb, m, pp, combos,
                              memory, plans, chunks_of, a, b)
             candidates.extend(best)
+        if ranked is not None:
+            ranked.add(candidates)
+    # in ascending m, as found in that order: the sort below breaks ties as it always has
+    candidates = [c for m in sorted(found_of) for c in found_of[m]]
     seconds["inter_op"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     if not candidates:
@@ -290,10 +316,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     candidates.sort(key=lambda c: c.estimate)
     priced: list[Candidate] = []
     seen = set()
-    # ranks sharing CPU cores: the exact price composes the step for them (bubbles cost
-    # little, overlap hides nothing), which the tables' latencies do not rank by; price them
-    # all (a CPU cluster's candidates are few)
-    limit = len(candidates) if ev.composer is not None else opts.exact_candidates
+    limit = limit or len(candidates)
     for c in candidates:
         if c.choice in seen or _mixed_recompute(c.choice):
             continue
@@ -311,7 +334,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     best = priced[0]
     stats = {"kinds": len(kinds), "layers": len(ms.layer_kind), "units": len(units) - 1,
              "device_units": v_units, "devices_per_unit": per_unit, "submesh_sizes": sizes,
-             "micro_batch_counts": micro_batch_counts(global_batch, opts, v_units),
+             "micro_batch_counts": counts, "pruned_micro_batch_counts": sorted(pruned),
              "dp_runs": dp_runs, "candidates": len(candidates),
              "ilp_solves": len(lib.solves),
              "layouts": {k: len(v) for k, v in lib.layouts.items()},
