@@ -4,7 +4,8 @@
   ``keep``) ranks the same first ``keep`` configurations as pricing all, and its bound
   (:meth:`~autoplan.planner.grid.estimate.Estimator.step_lower_bound`) never exceeds a step time;
 * :func:`autoplan.planner.search.tables.fastest_fitting` equals the argmin over the full
-  (positions x rows x ranges) array it replaces, ties and no-fit columns included.
+  (positions x rows x ranges) array it replaces, ties (broken by the least memory, then
+  the first row) and no-fit columns included.
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ def test_fastest_fitting_is_the_full_argmin():
         memory = float(rng.choice([2.0, 3.0, 5.0, 10.0]))
         mem = states[None] + np.arange(s1)[:, None, None] * act[None] + fixed[None]
         cand = np.where(mem <= memory, lat[None], INF)
-        k = np.argmin(cand, axis=1)
+        # the least latency; of equal ones the least tie key (states + act + fixed), then
+        # the first row
+        key = np.broadcast_to((states + act + fixed)[None], cand.shape)
+        k = np.lexsort((key, cand), axis=1)[:, 0, :]
         val = np.take_along_axis(cand, k[:, None, :], axis=1)[:, 0, :]
         got_val, got_row = fastest_fitting(lat, states, act, fixed, memory, s1)
         assert np.array_equal(got_val, val)

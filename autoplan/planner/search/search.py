@@ -63,7 +63,7 @@ from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
 from autoplan.planner.search.kind_tables import KindTable, kind_table
 from autoplan.planner.search.prune import Ranked, latency_lower_bound
 from autoplan.planner.search.tables import (INF, Combos, LayerArrays, SharedRows, layer_arrays,
-                                            range_table)
+                                            range_table, tie_key)
 from autoplan.schedule import runs_micro_batches
 
 log = logging.getLogger(__name__)
@@ -383,7 +383,7 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
     kinds = list(dict.fromkeys(ms.layer_kind))
     # every chunk range of every v, priced at once per (mesh, layouts, z, recomputation)
     where = {c: i for i, c in enumerate(zip(a.tolist(), b.tolist()))}
-    best: dict[tuple[str, int], tuple[float, LogicalMesh, tuple, dict]] = {}
+    best: dict[tuple[str, int], tuple[float, float, LogicalMesh, tuple, dict]] = {}
     # chunk c on rank c % pp: row r of a (v, pp) matrix holds chunks r pp .. r pp + pp - 1
     grid = {v: np.array([where[c] for c in chunks_of[v]]).reshape(v, pp) for _, v in plans}
     flight = {(sched, v): np.array([in_flight_micro_batches(sched, pp, d, m, v)
@@ -396,12 +396,16 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
         if not rows:
             continue
         for sched, v in plans:
-            lat = _balanced_latency(rc, grid[v], v, m, flight[(sched, v)], memory)
-            r = int(np.argmin(lat))         # the first of the fastest, in combo order
-            if np.isfinite(lat[r]) and ((sched, v) not in best or lat[r] < best[(sched, v)][0]):
-                best[(sched, v)] = (float(lat[r]), mesh, combos[rows[r]], picks[rows[r]])
+            lat, key = _balanced_latency(rc, grid[v], v, m, flight[(sched, v)], memory)
+            # the fastest; of equal ones the least memory (tables.tie_key), then the first
+            # in combo order; an earlier mesh on a full tie
+            r = int(np.lexsort((key, lat))[0])
+            if np.isfinite(lat[r]) and ((sched, v) not in best or
+                                        (lat[r], key[r]) < best[(sched, v)][:2]):
+                best[(sched, v)] = (float(lat[r]), float(key[r]), mesh, combos[rows[r]],
+                                    picks[rows[r]])
     out = []
-    for (sched, v), (lat, mesh, combo, pick) in best.items():
+    for (sched, v), (lat, _, mesh, combo, pick) in best.items():
         stages = tuple(_stage(ms, mesh, combo, pick, tables, ca, cb)
                        for ca, cb in chunks_of[v])
         out.append(Candidate(PipelineChoice(stages, mb, m, sched, v), lat, "balanced"))
@@ -409,10 +413,12 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
 
 
 def _balanced_latency(rc, grid: np.ndarray, v: int, m: int, flight: np.ndarray,
-                      memory: float) -> np.ndarray:
+                      memory: float) -> tuple[np.ndarray, np.ndarray]:
     """Pipeline latency of the chunks in ``grid`` (columns of ``rc``'s rows; grid column d:
     the chunks of rank d) for every row of ``rc``; ``flight[d]``: micro-batches rank d
-    holds; inf where a rank runs out of memory. Sums over ranks run in rank order."""
+    holds; inf where a rank runs out of memory. Sums over ranks run in rank order. Also
+    each row's tie key: the largest of its ranks' :func:`~autoplan.planner.search.tables.
+    tie_key`."""
     states = rc.states[:, grid].sum(axis=1)                    # (R, pp)
     act = rc.act[:, grid].sum(axis=1)
     fixed = rc.fixed[:, grid].max(axis=1)
@@ -425,7 +431,7 @@ def _balanced_latency(rc, grid: np.ndarray, v: int, m: int, flight: np.ndarray,
     else:
         pipe = m * slow + (pp - 1) * slow / v
     lat = pipe + rc.u[:, grid].sum(axis=1).max(axis=1)
-    return np.where(fits, lat, INF)
+    return np.where(fits, lat, INF), tie_key(states, act, fixed).max(axis=1)
 
 
 def _nothing_fits(ev: Evaluator, cluster: Cluster, global_batch: int) -> str:
