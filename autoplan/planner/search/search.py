@@ -31,6 +31,10 @@ Steps (timings in ``SearchResult.seconds``):
 4. The best candidates of all m are priced exactly (:class:`~autoplan.planner.search.evaluate.
    Evaluator`, the uniform planner's formulas) and the fastest that fits wins.
 
+The counts m are searched most first, and a count whose latencies provably cannot reach
+the exact pricing (a lower bound from its kind tables, :mod:`~autoplan.planner.search.prune`)
+is skipped after its kind tables: the priced candidates are those of the full search.
+
 Layers are grouped into at most ``max_units`` units (non-block layers alone, repeated
 blocks in even groups) and the cluster into at most ``max_device_units`` device units: whole
 nodes (several per unit on large clusters), or single devices inside a one-node cluster,
