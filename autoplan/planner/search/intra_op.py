@@ -506,7 +506,9 @@ def _integral_relaxation(builder: IlpBuilder, time_limit_s: float
 
     model = linear_solver_pb2.MPModelProto()
     builder.s.ExportModelToProto(model)
-    integer = [i for i, v in enumerate(model.variable) if v.is_integer]
+    xs = [[v.index() for v in group] for group in builder.x]
+    zs = [v.index() for v in builder.zeta]
+    integer = [i for group in xs for i in group] + zs         # the model's integer columns
     for i in integer:
         model.variable[i].is_integer = False
     lp = pywraplp.Solver.CreateSolver("CLP")
@@ -515,13 +517,13 @@ def _integral_relaxation(builder: IlpBuilder, time_limit_s: float
     lp.SetTimeLimit(int(time_limit_s * 1000))
     if lp.Solve() != pywraplp.Solver.OPTIMAL:
         return None
-    values = lp.variables()
-    if any(abs(v - round(v)) > INTEGER_TOLERANCE
-           for v in (values[i].solution_value() for i in integer)):
+    response = linear_solver_pb2.MPSolutionResponse()
+    lp.FillSolutionResponseProto(response)
+    values = response.variable_value
+    if any(abs(values[i] - round(values[i])) > INTEGER_TOLERANCE for i in integer):
         return None
-    choice = [max(range(len(xs)), key=lambda j: values[xs[j].index()].solution_value())
-              for xs in builder.x]
-    z = max(range(ZERO_STAGES), key=lambda k: values[builder.zeta[k].index()].solution_value())
+    choice = [max(range(len(group)), key=lambda j: values[group[j]]) for group in xs]
+    z = max(range(ZERO_STAGES), key=lambda k: values[zs[k]])
     return choice, z
 
 
