@@ -451,13 +451,14 @@ def test_stage_dp_skipping_unusable_rows_matches_brute_force():
 
 
 def test_integral_lp_relaxation_gives_the_branch_and_bound_optimum(small):
-    """The LP relaxation's integral optimum (intra_op._integral_relaxation) has the
-    objective CBC's branch and bound finds, on the whole model's ILP on three meshes at
-    every library memory weight, with and without a memory budget, and on random
-    instances (some fractional at the root: those fall back to CBC)."""
+    """The LP relaxation's integral optimum (intra_op._relaxation) has the objective CBC's
+    branch and bound finds, on the whole model's ILP on three meshes at every library
+    memory weight, with and without a memory budget, and on random instances (some
+    fractional at the root: those fall back to CBC with the columns ruled out by reduced
+    costs fixed at 0, which keeps the optimum)."""
     import math
 
-    from autoplan.planner.search.intra_op import IlpBuilder, _integral_relaxation
+    from autoplan.planner.search.intra_op import IlpBuilder, _relaxation
     from test_search import _random_problem
 
     problem, ms, ev = small
@@ -478,12 +479,14 @@ def test_integral_lp_relaxation_gives_the_branch_and_bound_optimum(small):
             for w, a, b in zip(weights, fast, slow):
                 assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-12)
                 assert a.memory <= budget * (1 + 1e-9)
-                builder = IlpBuilder(ilp.__class__(**{**ilp.__dict__, "mem_weight": w}))
+                at = ilp.__class__(**{**ilp.__dict__, "mem_weight": w})
+                builder = IlpBuilder(at)
                 builder.build()
-                integral += _integral_relaxation(builder, 30.0) is not None
+                integral += _relaxation(builder, at, 30.0)[0] is not None
     assert integral >= 9                  # the fast path ran (most of the 18 are integral)
     rng = np.random.default_rng(7)
-    for _ in range(30):
+    fixing = 0
+    for _ in range(60):
         ilp = _random_problem(rng)
         try:
             want = solve(ilp, relaxation_first=False, explain=False)
@@ -494,3 +497,7 @@ def test_integral_lp_relaxation_gives_the_branch_and_bound_optimum(small):
         got = solve(ilp, explain=False)
         assert got.objective == pytest.approx(want.objective, rel=1e-6, abs=1e-9)
         assert got.memory <= ilp.budget * (1 + 1e-9)
+        builder = IlpBuilder(ilp)
+        builder.build()
+        fixing += bool(_relaxation(builder, ilp, 30.0)[1])
+    assert fixing >= 3                    # fractional roots with columns fixed at 0
