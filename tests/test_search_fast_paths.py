@@ -501,3 +501,35 @@ def test_integral_lp_relaxation_gives_the_branch_and_bound_optimum(small):
         builder.build()
         fixing += bool(_relaxation(builder, ilp, 30.0)[1])
     assert fixing >= 3                    # fractional roots with columns fixed at 0
+
+
+def test_dtensor_answers_shared_by_ops_alike_equal_asking_each(monkeypatch):
+    """analyse asks DTensor once per strategy_key (ops alike: a block's layer norms, its
+    residual adds); every op's strategies equal those of asking for each op, on a GPT
+    with eager attention, whose strided shards take a second round of questions."""
+    import autoplan.planner.search.compose as compose
+    from autoplan.planner.search.kinds import build_kind
+    from autoplan.planner.search.strategies import strategy_key
+
+    problem = prepare(resolve("gpt", attention="eager", **GPT_SMALL), "dgx-a100",
+                      global_batch=64, nodes=2)
+    shared = analyse(problem.spec, problem.graph)
+    monkeypatch.setattr(compose, "build_kind",
+                        lambda mesh, graph, rec, layer, memo=None:
+                        build_kind(mesh, graph, rec, layer, None))
+    plain = analyse(problem.spec, problem.graph)
+    assert plain.kinds.keys() == shared.kinds.keys()
+    for kind, kg in shared.kinds.items():
+        assert [(o.name, o.strategies) for o in kg.ops] == \
+            [(o.name, o.strategies) for o in plain.kinds[kind].ops]
+    assert any("~" in p for kg in shared.kinds.values() for o in kg.ops
+               for s in o.strategies for spec in s.inputs for p in spec)   # strided ran
+    ops = [op for layer_ops in record_ops(problem) for op in layer_ops]
+    assert len({strategy_key(op) for op in ops}) < len(ops)     # some ops are alike
+
+
+def record_ops(problem):
+    from autoplan.planner.search.record import record_layers
+
+    layers = sorted({layer.index for layer in problem.graph.layers[:3]})
+    return record_layers(problem.spec, problem.graph, layers).ops.values()

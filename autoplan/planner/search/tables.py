@@ -260,7 +260,6 @@ def _fastest_fitting_per_position(lat: np.ndarray, last: np.ndarray, s1: int,
     lat_t = np.ascontiguousarray(lat.T)                          # (P, R): rows contiguous
     last_t = np.ascontiguousarray(last.T)
     key_t = np.ascontiguousarray(key.T)
-    cols = np.arange(lat.shape[1])
     val = np.empty((s1, lat.shape[1]))
     row = np.empty((s1, lat.shape[1]), dtype=np.int64)
     for s in range(s1):
