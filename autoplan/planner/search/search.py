@@ -320,7 +320,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     candidates.sort(key=lambda c: c.estimate)
     priced: list[Candidate] = []
     seen = set()
-    limit = limit or len(candidates)
+    limit = len(candidates) if limit is None else limit
     for c in candidates:
         if c.choice in seen or _mixed_recompute(c.choice):
             continue
