@@ -448,3 +448,88 @@ def test_stage_dp_skipping_unusable_rows_matches_brute_force():
             t_max = float(np.median(finite))
             assert np.array_equal(stage_dp(t, v, t_max),
                                   stage_dp(t, v, t_max, t.min(axis=(1, 2))))
+
+
+def test_integral_lp_relaxation_gives_the_branch_and_bound_optimum(small):
+    """The LP relaxation's integral optimum (intra_op._relaxation) has the objective CBC's
+    branch and bound finds, on the whole model's ILP on three meshes at every library
+    memory weight, with and without a memory budget, and on random instances (some
+    fractional at the root: those fall back to CBC with the columns ruled out by reduced
+    costs fixed at 0, which keeps the optimum)."""
+    import math
+
+    from autoplan.planner.search.intra_op import IlpBuilder, _relaxation
+    from test_search import _random_problem
+
+    problem, ms, ev = small
+    comp = Composition.of(ms, 0, len(problem.graph.layers))
+    integral = 0
+    for mesh in MESHES:
+        costs = {k: ev.kind_costs(k, mesh, 16) for k, _ in comp.counts}
+        free, _ = build_problem(ev.cm, ms, comp, mesh, 16, micro_batches=4, in_flight=1,
+                                checkpoint=False, costs=costs)
+        least = solve(free, relaxation_first=False).memory
+        for budget in (math.inf, 1.2 * least):
+            ilp, _ = build_problem(ev.cm, ms, comp, mesh, 16, micro_batches=4, in_flight=1,
+                                   checkpoint=False, costs=costs, budget=budget)
+            weights = [ilp_weight(w) for w in LAMBDAS]
+            fast = list(solve_weights(ilp, weights, time_limit_s=lambda: 30.0))
+            slow = list(solve_weights(ilp, weights, time_limit_s=lambda: 30.0,
+                                      relaxation_first=False))
+            for w, a, b in zip(weights, fast, slow):
+                assert a.objective == pytest.approx(b.objective, rel=1e-9, abs=1e-12)
+                assert a.memory <= budget * (1 + 1e-9)
+                at = ilp.__class__(**{**ilp.__dict__, "mem_weight": w})
+                builder = IlpBuilder(at)
+                builder.build()
+                integral += _relaxation(builder, at, 30.0)[0] is not None
+    assert integral >= 9                  # the fast path ran (most of the 18 are integral)
+    rng = np.random.default_rng(7)
+    fixing = 0
+    for _ in range(60):
+        ilp = _random_problem(rng)
+        try:
+            want = solve(ilp, relaxation_first=False, explain=False)
+        except Exception as exc:          # infeasible: so is the relaxation-first solve
+            with pytest.raises(type(exc)):
+                solve(ilp, explain=False)
+            continue
+        got = solve(ilp, explain=False)
+        assert got.objective == pytest.approx(want.objective, rel=1e-6, abs=1e-9)
+        assert got.memory <= ilp.budget * (1 + 1e-9)
+        builder = IlpBuilder(ilp)
+        builder.build()
+        fixing += bool(_relaxation(builder, ilp, 30.0)[1])
+    assert fixing >= 3                    # fractional roots with columns fixed at 0
+
+
+def test_dtensor_answers_shared_by_ops_alike_equal_asking_each(monkeypatch):
+    """analyse asks DTensor once per strategy_key (ops alike: a block's layer norms, its
+    residual adds); every op's strategies equal those of asking for each op, on a GPT
+    with eager attention, whose strided shards take a second round of questions."""
+    import autoplan.planner.search.compose as compose
+    from autoplan.planner.search.kinds import build_kind
+    from autoplan.planner.search.strategies import strategy_key
+
+    problem = prepare(resolve("gpt", attention="eager", **GPT_SMALL), "dgx-a100",
+                      global_batch=64, nodes=2)
+    shared = analyse(problem.spec, problem.graph)
+    monkeypatch.setattr(compose, "build_kind",
+                        lambda mesh, graph, rec, layer, memo=None:
+                        build_kind(mesh, graph, rec, layer, None))
+    plain = analyse(problem.spec, problem.graph)
+    assert plain.kinds.keys() == shared.kinds.keys()
+    for kind, kg in shared.kinds.items():
+        assert [(o.name, o.strategies) for o in kg.ops] == \
+            [(o.name, o.strategies) for o in plain.kinds[kind].ops]
+    assert any("~" in p for kg in shared.kinds.values() for o in kg.ops
+               for s in o.strategies for spec in s.inputs for p in spec)   # strided ran
+    ops = [op for layer_ops in record_ops(problem) for op in layer_ops]
+    assert len({strategy_key(op) for op in ops}) < len(ops)     # some ops are alike
+
+
+def record_ops(problem):
+    from autoplan.planner.search.record import record_layers
+
+    layers = sorted({layer.index for layer in problem.graph.layers[:3]})
+    return record_layers(problem.spec, problem.graph, layers).ops.values()

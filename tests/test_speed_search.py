@@ -4,7 +4,8 @@
   ``keep``) ranks the same first ``keep`` configurations as pricing all, and its bound
   (:meth:`~autoplan.planner.grid.estimate.Estimator.step_lower_bound`) never exceeds a step time;
 * :func:`autoplan.planner.search.tables.fastest_fitting` equals the argmin over the full
-  (positions x rows x ranges) array it replaces, ties and no-fit columns included.
+  (positions x rows x ranges) array it replaces, ties (broken by the least memory, then
+  the first row) and no-fit columns included.
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ def test_fastest_fitting_is_the_full_argmin():
         memory = float(rng.choice([2.0, 3.0, 5.0, 10.0]))
         mem = states[None] + np.arange(s1)[:, None, None] * act[None] + fixed[None]
         cand = np.where(mem <= memory, lat[None], INF)
-        k = np.argmin(cand, axis=1)
+        # the least latency; of equal ones the least tie key (states + act + fixed), then
+        # the first row
+        key = np.broadcast_to((states + act + fixed)[None], cand.shape)
+        k = np.lexsort((key, cand), axis=1)[:, 0, :]
         val = np.take_along_axis(cand, k[:, None, :], axis=1)[:, 0, :]
         got_val, got_row = fastest_fitting(lat, states, act, fixed, memory, s1)
         assert np.array_equal(got_val, val)
@@ -100,3 +104,19 @@ def test_align_trims_the_common_ends_as_difflib_would_match_them():
     out, through = got
     assert out[len(recorded) - 2] == len(traced) - 2 and through == {len(recorded) - 3}
     assert align(traced, traced) == ({k: k for k in range(len(traced))}, set())
+
+
+def test_equally_fast_stages_keep_the_one_with_less_memory():
+    """GPT-1.7B on 32 A100s at batch 512 (benchmarks/solver_scaling.py): one stage at one
+    micro-batch is as fast at ZeRO-1 as at ZeRO-2 in the tables; the first of the two
+    (ZeRO-1) does not fit the exact memory check, the other does and is the uniform grid's
+    plan. With ties broken by memory (tables.tie_key) the search finds it."""
+    from autoplan.api import plan_problem
+    from autoplan.planner.search.search import search
+
+    p = prepare("gpt-1.7b", "dgx-a100", nodes=4, global_batch=512)
+    _, uniform = plan_problem(p, top_k=0)
+    result = search(p.spec, p.graph, p.cluster, global_batch=512)
+    assert result.prediction.step_time_s <= uniform.best.prediction.step_time_s * (1 + 1e-9)
+    assert result.prediction.memory.total <= result.prediction.memory_limit_bytes
+    assert [st.zero for st in result.best.stages] == [uniform.best.parallel.zero]

@@ -134,7 +134,8 @@ def analyse(spec, graph: OpGraph) -> ModelStructure:
     wanted = sorted(set(rep.values()) | set(trans_layer.values()))
     rec = record_layers(spec, graph, wanted)
     with probe_mesh() as mesh:
-        kinds = {k: build_kind(mesh, graph, rec, rep[k]) for k in kinds_order}
+        memo: dict = {}                   # DTensor's answers for ops alike, on this mesh
+        kinds = {k: build_kind(mesh, graph, rec, rep[k], memo) for k in kinds_order}
     transitions: dict[tuple[str, str], list[Transition]] = {}
     for key, l in trans_layer.items():
         prev_names = graph.layers[l - 1].nodes

@@ -43,7 +43,9 @@ Constraints, each family added by one method of :class:`IlpBuilder`:
   ZeRO-3 one layer's gathered parameters)
 
 Solved as a mixed-integer program through OR-Tools' linear-solver wrapper (CBC by default;
-SCIP and HiGHS work too), one thread, so the answer is deterministic.
+SCIP and HiGHS work too), one thread, so the answer is deterministic; its LP relaxation is
+solved first (CLP), and where that optimum is integral it is the answer, without branch and
+bound (:func:`_relaxation`).
 :func:`brute_force` enumerates every assignment of a small instance and :func:`objective`
 evaluates one — pure functions over the arrays, used to cross-check the solver
 (tests/test_search.py). :func:`explain` prices each alternative of a group with the rest of
@@ -409,23 +411,25 @@ class IlpBuilder:
 
 
 def solve(problem: IntraOpProblem, *, time_limit_s: float = 60.0,
-          backend: str = "CBC", explain: bool = True) -> Solution:
+          backend: str = "CBC", explain: bool = True,
+          relaxation_first: bool = True) -> Solution:
     """The optimum of ``problem`` (raises InfeasibleError with the binding memory if none;
     ``explain=False``: without it, skipping the second solve that finds that memory, for a
     caller that drops the message).
 
     x and zeta are integer; the pair variables e, w, y are continuous in [0, 1] — with x and
     zeta integral the consistency constraints force them integral too, which keeps the
-    branch-and-bound small."""
+    branch-and-bound small. ``relaxation_first``: the LP relaxation first, branch and bound
+    only where its optimum is fractional (:func:`_relaxation`)."""
     t0 = time.perf_counter()
     builder = IlpBuilder(problem, backend)
     builder.build()
-    return _run(builder, problem, time_limit_s, explain, t0)
+    return _run(builder, problem, time_limit_s, explain, t0, relaxation_first)
 
 
 def solve_weights(problem: IntraOpProblem, mem_weights: list[float], *,
-                  time_limit_s: Callable[[], float], backend: str = "CBC"
-                  ) -> Iterator[Solution | None]:
+                  time_limit_s: Callable[[], float], backend: str = "CBC",
+                  relaxation_first: bool = True) -> Iterator[Solution | None]:
     """:func:`solve` of ``problem`` at each memory weight in turn (None where infeasible),
     the ILP built once: the weights change only the objective's coefficients
     (:meth:`IlpBuilder.reweight`), and CBC solves each model from scratch, so each solution
@@ -441,33 +445,116 @@ def solve_weights(problem: IntraOpProblem, mem_weights: list[float], *,
             builder.p = at
             builder.reweight(w)
         try:
-            yield _run(builder, at, time_limit_s(), False, t0)
+            yield _run(builder, at, time_limit_s(), False, t0, relaxation_first)
         except InfeasibleError:
             yield None
 
 
 def _run(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: float, explain: bool,
-         t0: float) -> Solution:
-    solver = builder.s
-    solver.SetTimeLimit(int(time_limit_s * 1000))
-    solver.SetNumThreads(1)
-    t_build = time.perf_counter() - t0
-    status = solver.Solve()
-    seconds = time.perf_counter() - t0
+         t0: float, relaxation_first: bool = True) -> Solution:
+    """Solve ``builder``'s model as it stands: first its LP relaxation
+    (:func:`_relaxation`, unless ``relaxation_first`` is False), then, where that optimum
+    is fractional, the mixed-integer program with ``builder``'s backend, the x the
+    relaxation's reduced costs rule out fixed at 0 for that solve."""
     from ortools.linear_solver import pywraplp
 
-    names = {pywraplp.Solver.OPTIMAL: "OPTIMAL", pywraplp.Solver.FEASIBLE: "FEASIBLE",
-             pywraplp.Solver.INFEASIBLE: "INFEASIBLE"}
-    name = names.get(status, f"status {status}")
-    log.info("intra-op ILP: %s; built in %.3f s, solved in %.3f s: %s",
-             problem.describe(), t_build, seconds - t_build, name)
-    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        raise InfeasibleError(_infeasible_message(problem) if explain else
-                              "the intra-op ILP is infeasible")
-    choice = [max(range(len(xs)), key=lambda j: xs[j].solution_value()) for xs in builder.x]
-    z = max(range(ZERO_STAGES), key=lambda k: builder.zeta[k].solution_value())
+    solver = builder.s
+    t_build = time.perf_counter() - t0
+    root, fix = _relaxation(builder, problem, time_limit_s) if relaxation_first else (None, [])
+    if root is not None:
+        name, (choice, z) = "OPTIMAL", root
+    else:
+        solver.SetTimeLimit(int(time_limit_s * 1000))
+        solver.SetNumThreads(1)
+        fixed = [solver.variable(i) for i in fix]
+        for var in fixed:
+            var.SetUb(0.0)
+        try:
+            status = solver.Solve()
+            solved = status in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE)
+            if solved:                   # (read before the bounds change back)
+                choice = [max(range(len(xs)), key=lambda j: xs[j].solution_value())
+                          for xs in builder.x]
+                z = max(range(ZERO_STAGES), key=lambda k: builder.zeta[k].solution_value())
+        finally:                         # the model as built, for the next memory weight
+            for var in fixed:
+                var.SetUb(1.0)
+        names = {pywraplp.Solver.OPTIMAL: "OPTIMAL", pywraplp.Solver.FEASIBLE: "FEASIBLE",
+                 pywraplp.Solver.INFEASIBLE: "INFEASIBLE"}
+        name = names.get(status, f"status {status}")
+        if not solved:
+            raise InfeasibleError(_infeasible_message(problem) if explain else
+                                  "the intra-op ILP is infeasible")
+    seconds = time.perf_counter() - t0
+    log.info("intra-op ILP: %s; built in %.3f s, solved in %.3f s: %s%s",
+             problem.describe(), t_build, seconds - t_build, name,
+             " (integral LP relaxation)" if root is not None else
+             f" ({len(fix)} placements fixed by reduced costs)")
     val = objective(problem, choice, z)
     return Solution(choice, z, val["total"], val["memory"], seconds, name)
+
+
+#: how far from 0 or 1 an integer variable of the LP relaxation's optimum may lie and still
+#: count as integral (CBC's default integer tolerance, ``CbcModel::CbcIntegerTolerance``)
+INTEGER_TOLERANCE = 1e-6
+#: relative margin of the reduced-cost test (:func:`_relaxation`) for the LP's tolerances
+REDUCED_COST_MARGIN = 1e-6
+
+
+def _relaxation(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: float
+                ) -> tuple[tuple[list[int], int] | None, list[int]]:
+    """The model's LP relaxation -- every variable continuous -- solved with CLP:
+    ((choice, ZeRO stage), []) when its optimum is integral in every x and zeta; else
+    (None, the x columns branch and bound may fix at 0); (None, []) when CLP finds no
+    optimum (infeasible, out of time).
+
+    An integral optimum is the ILP's optimum: the relaxation's optimum z_LP bounds the
+    ILP's from below, and an optimum integral in x and zeta is a feasible point of the ILP
+    that attains it (the pair variables e, w, y and the hinges h are continuous in the ILP
+    too). Branch and bound would stop at its root for the same reason, after CBC's
+    preprocessing and cut rounds: on GPT-39B on 64 A100s the relaxation was integral in 35
+    of the library's 36 solves, and CLP solved each in about a fifth of CBC's CPU time.
+
+    Fractional: reduced-cost fixing. A column at 0 in the LP optimum with reduced cost d
+    raises the objective of any solution setting it to 1 by at least d (LP duality), so
+    where z_LP + d exceeds z_UB, the objective of a feasible assignment (the relaxation
+    rounded: each group's largest x), no optimum of the ILP takes it, and fixing it at 0
+    keeps every optimum (Wolsey, *Integer Programming* (1998), ch. 2 and sec. 7.3 on
+    preprocessing; on the fractional GPT-39B solve, 143 of 278 columns, CBC's time 0.31 ->
+    0.12 s). Among tied optima the one CLP or the fixed model's branch and bound returns
+    may differ from CBC's on the whole model."""
+    from ortools.linear_solver import linear_solver_pb2, pywraplp
+
+    model = linear_solver_pb2.MPModelProto()
+    builder.s.ExportModelToProto(model)
+    xs = [[v.index() for v in group] for group in builder.x]
+    zs = [v.index() for v in builder.zeta]
+    integer = [i for group in xs for i in group] + zs         # the model's integer columns
+    for i in integer:
+        model.variable[i].is_integer = False
+    lp = pywraplp.Solver.CreateSolver("CLP")
+    if lp is None or lp.LoadModelFromProto(model):
+        return None, []
+    lp.SetTimeLimit(int(time_limit_s * 1000))
+    if lp.Solve() != pywraplp.Solver.OPTIMAL:
+        return None, []
+    response = linear_solver_pb2.MPSolutionResponse()
+    lp.FillSolutionResponseProto(response)
+    values = response.variable_value
+    choice = [max(range(len(group)), key=lambda j: values[group[j]]) for group in xs]
+    z = max(range(ZERO_STAGES), key=lambda k: values[zs[k]])
+    if all(abs(values[i] - round(values[i])) <= INTEGER_TOLERANCE for i in integer):
+        return (choice, z), []
+    if not feasible(problem, choice, z):
+        return None, []
+    upper = objective(problem, choice, z)["total"]
+    if not math.isfinite(upper):
+        return None, []
+    lower = response.objective_value
+    gap = upper - lower + REDUCED_COST_MARGIN * max(1.0, abs(upper))
+    cost = response.reduced_cost
+    return None, [i for group in xs for i in group
+                  if values[i] <= INTEGER_TOLERANCE and cost[i] > gap]
 
 
 def min_memory(problem: IntraOpProblem) -> Solution:

@@ -75,10 +75,13 @@ def flat_refs(op: RecordedOp) -> list[TensorRef]:
             if isinstance(x, TensorRef)]
 
 
-def build_kind(mesh, graph: OpGraph, rec: Recording, layer: int) -> KindGraph:
+def build_kind(mesh, graph: OpGraph, rec: Recording, layer: int,
+               memo: dict | None = None) -> KindGraph:
     """The :class:`KindGraph` of ``graph.layers[layer]`` (module docstring). Positions are
     positions in the layer's node list; traced ops the re-run did not see
-    (``Recording.unmatched``) are replicated and joined to nothing."""
+    (``Recording.unmatched``) are replicated and joined to nothing. ``memo``: DTensor's
+    answers shared by the kinds of one probe mesh (:func:`~autoplan.planner.search.
+    strategies.dtensor_strategies`)."""
     names = graph.layers[layer].nodes
     by_name = {op.name: op for op in rec.ops[layer]}
     pos_of = {graph_index: k for k, graph_index in
@@ -108,7 +111,7 @@ def build_kind(mesh, graph: OpGraph, rec: Recording, layer: int) -> KindGraph:
                 sources.append(Source("leaf", r.kind))
         note = ""
         try:
-            strats = dtensor_strategies(mesh, op)
+            strats = dtensor_strategies(mesh, op, memo=memo)
         except Exception as exc:          # a strategy function that cannot take the probe
             strats = None
             note = f"{type(exc).__name__}: {str(exc)[:120]}"
@@ -129,7 +132,7 @@ def build_kind(mesh, graph: OpGraph, rec: Recording, layer: int) -> KindGraph:
         infos.append(OpInfo(k, op.name, str(op.func), sources, [r.shape for r in refs],
                             [o.shape for o in op.outputs], strats, covered, note))
     _keep_strided_for_bmm(infos)
-    _strided_passes(mesh, infos, by_name, graph)
+    _strided_passes(mesh, infos, by_name, graph, memo=memo)
     anchor_of, follow, chain, chain_map, reshard = _groups(infos)
     return KindGraph(graph.layers[layer].kind, layer, infos, anchor_of, follow, chain,
                      chain_map, reshard)
@@ -167,7 +170,7 @@ def _keep_strided_for_bmm(infos: list[OpInfo]) -> None:
 
 
 def _strided_passes(mesh, infos: list[OpInfo], by_name: dict, graph: OpGraph,
-                    rounds: int = 2) -> None:
+                    rounds: int = 2, memo: dict | None = None) -> None:
     """Strided shards (a flattened dim sharded along its inner factor: the heads inside
     batch x heads of eager attention) appear only as outputs of views; ask the registry
     again for the ops of ``_STRIDED_OPS`` that read them, with those placements as inputs,
@@ -197,7 +200,7 @@ def _strided_passes(mesh, infos: list[OpInfo], by_name: dict, graph: OpGraph,
             if not extra:
                 continue
             try:
-                more = dtensor_strategies(mesh, op, extra) or []
+                more = dtensor_strategies(mesh, op, extra, memo) or []
             except Exception:         # a rule that cannot take the strided placement
                 continue
             is_view = op_kind(graph.nodes[info.name]) == "view"

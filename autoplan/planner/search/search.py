@@ -31,6 +31,10 @@ Steps (timings in ``SearchResult.seconds``):
 4. The best candidates of all m are priced exactly (:class:`~autoplan.planner.search.evaluate.
    Evaluator`, the uniform planner's formulas) and the fastest that fits wins.
 
+The counts m are searched most first, and a count whose latencies provably cannot reach
+the exact pricing (a lower bound from its kind tables, :mod:`~autoplan.planner.search.prune`)
+is skipped after its kind tables: the priced candidates are those of the full search.
+
 Layers are grouped into at most ``max_units`` units (non-block layers alone, repeated
 blocks in even groups) and the cluster into at most ``max_device_units`` device units: whole
 nodes (several per unit on large clusters), or single devices inside a one-node cluster,
@@ -61,8 +65,9 @@ from autoplan.planner.search.inter_op import pipeline_dp
 from autoplan.planner.search.library import LAMBDAS, Library, build_library
 from autoplan.planner.search.mesh import LogicalMesh, submesh_shapes
 from autoplan.planner.search.kind_tables import KindTable, kind_table
+from autoplan.planner.search.prune import Ranked, latency_lower_bound
 from autoplan.planner.search.tables import (INF, Combos, LayerArrays, SharedRows, layer_arrays,
-                                            range_table)
+                                            range_table, tie_key)
 from autoplan.schedule import runs_micro_batches
 
 log = logging.getLogger(__name__)
@@ -86,6 +91,7 @@ class SearchOptions:
     megatron_seeds: bool = True
     backend: str = "CBC"
     exact_candidates: int = 12
+    prune_micro_batches: bool = True    # skip counts that provably cannot be priced (prune.py)
 
 
 @dataclass
@@ -220,10 +226,24 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     kinds = list(dict.fromkeys(ms.layer_kind))
     n_blocks = sum(ms.is_block)
     max_stages = max(1, min(opts.max_stages, len(units) - 1, v_units))
-    candidates: list[Candidate] = []
+    # ranks sharing CPU cores: the exact price composes the step for them (bubbles cost
+    # little, overlap hides nothing), which the tables' latencies do not rank by; price them
+    # all (a CPU cluster's candidates are few)
+    limit = None if ev.composer is not None else opts.exact_candidates
+    counts = micro_batch_counts(global_batch, opts, v_units)
+    found_of: dict[int, list[Candidate]] = {}
+    ranked = Ranked(limit, _mixed_recompute) if limit and opts.prune_micro_batches else None
+    pruned: list[int] = []
     dp_runs = 0
-    for m in micro_batch_counts(global_batch, opts, v_units):
+    # the most micro-batches first (the smallest bubbles, usually the fastest pipelines), so
+    # that the bound of prune.py can skip the counts that cannot be priced
+    for m in sorted(counts, reverse=ranked is not None):
         mb = global_batch // m
+        found_of[m] = candidates = []
+        # balanced pipelines of pp equal submeshes of n units, every schedule: their chunks
+        # are priced with the stage DP's ranges on the same meshes (SharedRows)
+        balanced = {v_units // pp: (pp, *_balanced_chunks(ms, pp, m, opts, n_blocks))
+                    for pp in divisors(v_units) if pp <= max(n_blocks, 1)}
         meshes_of: dict[int, list[LogicalMesh]] = {}
         for n in sizes:
             meshes_of[n] = submesh_shapes(n * per_unit, dpn)
@@ -232,11 +252,17 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
                     ws.kind_table(k, mesh, mb)
         tables = {(k, mesh): ws.tables[(k, mesh, mb)]
                   for n in sizes for mesh in meshes_of[n] for k in kinds}
+        if ranked is not None and ranked.best:
+            usable = dict(tables)            # every mesh m's pipelines may use
+            for n in balanced:
+                for mesh in submesh_shapes(n * per_unit, dpn):
+                    for k in kinds:
+                        usable[(k, mesh)] = ws.kind_table(k, mesh, mb)
+            if ranked.beaten(latency_lower_bound(ev, usable, m, cluster.world_size,
+                                                 memory)):
+                pruned.append(m)
+                continue
         arrays = ws.layer_arrays(mb)
-        # balanced pipelines of pp equal submeshes of n units, every schedule: their chunks
-        # are priced with the stage DP's ranges on the same meshes (SharedRows)
-        balanced = {v_units // pp: (pp, *_balanced_chunks(ms, pp, m, opts, n_blocks))
-                    for pp in divisors(v_units) if pp <= max(n_blocks, 1)}
         shared = SharedRows(ev, mb, m, combos, arrays,
                             {n * per_unit: (a, b) for n, (_, _, _, a, b) in balanced.items()})
         # the stage DP
@@ -283,6 +309,10 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
             best = _balanced(ev, ms, meshes_of[n], tables, shared, mb, m, pp, combos,
                              memory, plans, chunks_of, a, b)
             candidates.extend(best)
+        if ranked is not None:
+            ranked.add(candidates)
+    # in ascending m, as found in that order: the sort below breaks ties as it always has
+    candidates = [c for m in sorted(found_of) for c in found_of[m]]
     seconds["inter_op"] = time.perf_counter() - t2
     t3 = time.perf_counter()
     if not candidates:
@@ -290,10 +320,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     candidates.sort(key=lambda c: c.estimate)
     priced: list[Candidate] = []
     seen = set()
-    # ranks sharing CPU cores: the exact price composes the step for them (bubbles cost
-    # little, overlap hides nothing), which the tables' latencies do not rank by; price them
-    # all (a CPU cluster's candidates are few)
-    limit = len(candidates) if ev.composer is not None else opts.exact_candidates
+    limit = len(candidates) if limit is None else limit
     for c in candidates:
         if c.choice in seen or _mixed_recompute(c.choice):
             continue
@@ -311,7 +338,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     best = priced[0]
     stats = {"kinds": len(kinds), "layers": len(ms.layer_kind), "units": len(units) - 1,
              "device_units": v_units, "devices_per_unit": per_unit, "submesh_sizes": sizes,
-             "micro_batch_counts": micro_batch_counts(global_batch, opts, v_units),
+             "micro_batch_counts": counts, "pruned_micro_batch_counts": sorted(pruned),
              "dp_runs": dp_runs, "candidates": len(candidates),
              "ilp_solves": len(lib.solves),
              "layouts": {k: len(v) for k, v in lib.layouts.items()},
@@ -360,7 +387,7 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
     kinds = list(dict.fromkeys(ms.layer_kind))
     # every chunk range of every v, priced at once per (mesh, layouts, z, recomputation)
     where = {c: i for i, c in enumerate(zip(a.tolist(), b.tolist()))}
-    best: dict[tuple[str, int], tuple[float, LogicalMesh, tuple, dict]] = {}
+    best: dict[tuple[str, int], tuple[float, float, LogicalMesh, tuple, dict]] = {}
     # chunk c on rank c % pp: row r of a (v, pp) matrix holds chunks r pp .. r pp + pp - 1
     grid = {v: np.array([where[c] for c in chunks_of[v]]).reshape(v, pp) for _, v in plans}
     flight = {(sched, v): np.array([in_flight_micro_batches(sched, pp, d, m, v)
@@ -373,12 +400,16 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
         if not rows:
             continue
         for sched, v in plans:
-            lat = _balanced_latency(rc, grid[v], v, m, flight[(sched, v)], memory)
-            r = int(np.argmin(lat))         # the first of the fastest, in combo order
-            if np.isfinite(lat[r]) and ((sched, v) not in best or lat[r] < best[(sched, v)][0]):
-                best[(sched, v)] = (float(lat[r]), mesh, combos[rows[r]], picks[rows[r]])
+            lat, key = _balanced_latency(rc, grid[v], v, m, flight[(sched, v)], memory)
+            # the fastest; of equal ones the least memory (tables.tie_key), then the first
+            # in combo order; an earlier mesh on a full tie
+            r = int(np.lexsort((key, lat))[0])
+            if np.isfinite(lat[r]) and ((sched, v) not in best or
+                                        (lat[r], key[r]) < best[(sched, v)][:2]):
+                best[(sched, v)] = (float(lat[r]), float(key[r]), mesh, combos[rows[r]],
+                                    picks[rows[r]])
     out = []
-    for (sched, v), (lat, mesh, combo, pick) in best.items():
+    for (sched, v), (lat, _, mesh, combo, pick) in best.items():
         stages = tuple(_stage(ms, mesh, combo, pick, tables, ca, cb)
                        for ca, cb in chunks_of[v])
         out.append(Candidate(PipelineChoice(stages, mb, m, sched, v), lat, "balanced"))
@@ -386,10 +417,12 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
 
 
 def _balanced_latency(rc, grid: np.ndarray, v: int, m: int, flight: np.ndarray,
-                      memory: float) -> np.ndarray:
+                      memory: float) -> tuple[np.ndarray, np.ndarray]:
     """Pipeline latency of the chunks in ``grid`` (columns of ``rc``'s rows; grid column d:
     the chunks of rank d) for every row of ``rc``; ``flight[d]``: micro-batches rank d
-    holds; inf where a rank runs out of memory. Sums over ranks run in rank order."""
+    holds; inf where a rank runs out of memory. Sums over ranks run in rank order. Also
+    each row's tie key: the largest of its ranks' :func:`~autoplan.planner.search.tables.
+    tie_key`."""
     states = rc.states[:, grid].sum(axis=1)                    # (R, pp)
     act = rc.act[:, grid].sum(axis=1)
     fixed = rc.fixed[:, grid].max(axis=1)
@@ -402,7 +435,7 @@ def _balanced_latency(rc, grid: np.ndarray, v: int, m: int, flight: np.ndarray,
     else:
         pipe = m * slow + (pp - 1) * slow / v
     lat = pipe + rc.u[:, grid].sum(axis=1).max(axis=1)
-    return np.where(fits, lat, INF)
+    return np.where(fits, lat, INF), tie_key(states, act, fixed).max(axis=1)
 
 
 def _nothing_fits(ev: Evaluator, cluster: Cluster, global_batch: int) -> str:

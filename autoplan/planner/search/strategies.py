@@ -115,10 +115,24 @@ def _dtensor_spec(mesh, ref: TensorRef, spec: Spec):
     return DTensorSpec(mesh, places, tensor_meta=meta)
 
 
-def dtensor_strategies(mesh, op: RecordedOp,
-                       extra: dict[int, list[Spec]] | None = None) -> list[Strategy] | None:
+def dtensor_strategies(mesh, op: RecordedOp, extra: dict[int, list[Spec]] | None = None,
+                       memo: dict | None = None) -> list[Strategy] | None:
     """All strategies DTensor registers for ``op`` (None if the op is not covered).
-    ``extra``: more placements (strided shards a producer gives) per tensor input slot."""
+    ``extra``: more placements (strided shards a producer gives) per tensor input slot.
+    ``memo``: answers kept for one probe ``mesh`` by :func:`strategy_key` -- what they
+    depend on -- so that ops alike (a block's two layer norms, its residual adds) ask
+    DTensor once (an exception the registry raised is raised again)."""
+    if memo is not None:
+        key = strategy_key(op, extra)
+        if key not in memo:
+            try:
+                memo[key] = (dtensor_strategies(mesh, op, extra), None)
+            except Exception as exc:       # noqa: BLE001 -- kept, and raised to the caller
+                memo[key] = (None, exc)
+        found, error = memo[key]
+        if error is not None:
+            raise error
+        return None if found is None else list(found)
     from torch.distributed.tensor import DTensor
 
     prop = DTensor._op_dispatcher.sharding_propagator
@@ -186,6 +200,20 @@ def dtensor_strategies(mesh, op: RecordedOp,
             seen.add(strat)
             out.append(strat)
     return out
+
+
+def strategy_key(op: RecordedOp, extra: dict[int, list[Spec]] | None = None) -> tuple:
+    """What :func:`dtensor_strategies` reads of ``op``: its function, its arguments with
+    each tensor as (shape, stride, dtype) -- not where it comes from --, its outputs alike,
+    and ``extra``."""
+    is_ref = lambda x: isinstance(x, TensorRef)          # noqa: E731
+
+    def meta(x):
+        return ("tensor", tuple(x.shape), tuple(x.stride), str(x.dtype)) if is_ref(x) else x
+
+    args = pytree.tree_map(meta, (op.args, op.kwargs), is_leaf=is_ref)
+    return (str(op.func), repr(args), repr([meta(o) for o in op.outputs]),
+            repr(sorted((extra or {}).items())))
 
 
 def _out_of_place(func):

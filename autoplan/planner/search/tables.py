@@ -151,6 +151,7 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
     flat_t = np.full((s1, len(ui)), INF)
     flat_c = np.full(flat_t.shape, -1, dtype=np.int64)
     flat_m = np.full(flat_t.shape, -1, dtype=np.int64)
+    flat_k = np.full(flat_t.shape, INF)          # the kept row's tie_key
     for mi, mesh in enumerate(meshes):
         kt = {k: tables.get((k, mesh)) for k in kinds}
         if any(v is None for v in kt.values()):
@@ -162,10 +163,13 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
             continue
         lat = rc.t + rc.send + rc.u / m                                 # (R, P)
         val, k = fastest_fitting(lat, rc.states, rc.act, rc.fixed, memory, s1)
-        better = val < flat_t
+        key = np.take_along_axis(tie_key(rc.states, rc.act, rc.fixed), k, axis=0)
+        # a faster row, or as fast on less memory (an earlier mesh on a full tie)
+        better = (val < flat_t) | ((val == flat_t) & (key < flat_k))
         flat_t = np.where(better, val, flat_t)
         flat_c = np.where(better, np.array(rows)[k], flat_c)
         flat_m = np.where(better, mi, flat_m)
+        flat_k = np.where(better, key, flat_k)
     best_t = np.full((s1, u_count, u_count + 1), INF)
     best_c = np.full(best_t.shape, -1, dtype=np.int64)
     best_m = np.full(best_t.shape, -1, dtype=np.int64)
@@ -199,19 +203,34 @@ def last_fitting(states: np.ndarray, act: np.ndarray, fixed: np.ndarray, memory:
     return s
 
 
+def tie_key(states: np.ndarray, act: np.ndarray, fixed: np.ndarray) -> np.ndarray:
+    """What breaks a tie between stage configurations of equal latency: the bytes they hold
+    with one micro-batch in flight, the least first. Rows of equal latency differ, e.g., in
+    the ZeRO stage alone when the stage's gradient sync and optimizer hide behind compute
+    the same way: the tables price them alike, and the one sharding more is the one whose
+    exact memory (:mod:`autoplan.cost.step`, which also counts what the tables leave out --
+    communicator buffers, temporaries, the allocator's reserve) is likelier to fit. (The
+    first of equal latencies, in combo order, picked ZeRO-1 over an equally fast ZeRO-2
+    for GPT-1.7B on 32 A100s; the exact check then rejected it at 85.6 of 84.2 GB, and the
+    search missed the uniform grid's plan, issue #18.)"""
+    return states + act + fixed
+
+
 def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed: np.ndarray,
                     memory: float, s1: int) -> tuple[np.ndarray, np.ndarray]:
     """For rows (R, P) of stage latencies and memory terms: per position s < s1 and column,
     the smallest latency among the rows that fit at s (``states + s act + fixed <=
-    memory``) and its row, the first of equal ones (INF and row 0 where none fits) --
-    ``argmin`` over the (s1, R, P) array of fitting latencies, without building it: rows
-    sorted by latency, the running maximum of their :func:`last_fitting` position; the
-    best row at s is the first whose running maximum reaches s."""
+    memory``) and its row: of equal latencies the least :func:`tie_key`, then the first
+    (INF and row 0 where none fits) -- ``argmin`` over the (s1, R, P) array of fitting
+    (latency, tie key), without building it: rows sorted by latency then tie key, the
+    running maximum of their :func:`last_fitting` position; the best row at s is the first
+    whose running maximum reaches s."""
     r_count, p_count = lat.shape
+    key = tie_key(states, act, fixed)
     if s1 <= FEW_POSITIONS:
         return _fastest_fitting_per_position(lat, last_fitting(states, act, fixed, memory,
-                                                               s1), s1)
-    order = np.argsort(lat, axis=0, kind="stable")                   # (R, P)
+                                                               s1), s1, key)
+    order = np.lexsort((key, lat), axis=0)                           # (R, P), stable
     sorted_lat = np.take_along_axis(lat, order, axis=0)
     reach = np.maximum.accumulate(np.take_along_axis(
         last_fitting(states, act, fixed, memory, s1), order, axis=0), axis=0)
@@ -232,23 +251,26 @@ def fastest_fitting(lat: np.ndarray, states: np.ndarray, act: np.ndarray, fixed:
 FEW_POSITIONS = 12
 
 
-def _fastest_fitting_per_position(lat: np.ndarray, last: np.ndarray, s1: int
-                                  ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`fastest_fitting` one position at a time (``last``: :func:`last_fitting`): the
-    first minimum of the latencies of the rows that fit at s, per column (INF and row 0
-    where none fits; the first fitting row where all fitting ones are INF, as the sorted
-    scan finds it)."""
+def _fastest_fitting_per_position(lat: np.ndarray, last: np.ndarray, s1: int,
+                                  key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`fastest_fitting` one position at a time (``last``: :func:`last_fitting`;
+    ``key``: :func:`tie_key`): per column, of the rows that fit at s and have the least
+    latency, the first of least key (INF and row 0 where none fits; where all fitting ones
+    are INF, the first fitting row of least key, as the sorted scan finds it)."""
     lat_t = np.ascontiguousarray(lat.T)                          # (P, R): rows contiguous
     last_t = np.ascontiguousarray(last.T)
-    cols = np.arange(lat.shape[1])
+    key_t = np.ascontiguousarray(key.T)
     val = np.empty((s1, lat.shape[1]))
     row = np.empty((s1, lat.shape[1]), dtype=np.int64)
     for s in range(s1):
         fit = last_t >= s
         masked = np.where(fit, lat_t, INF)
-        r = masked.argmin(axis=1)
-        val[s] = masked[cols, r]
-        row[s] = np.where(val[s] < INF, r, np.where(fit.any(axis=1), fit.argmax(axis=1), 0))
+        val[s] = masked.min(axis=1)
+        # the least key among the rows at the least latency (all fitting rows where none
+        # is finite: masked == INF there)
+        tied = fit & (masked == val[s][:, None])
+        r = np.where(tied, key_t, INF).argmin(axis=1)
+        row[s] = np.where(tied.any(axis=1), r, 0)
     return val, row
 
 
