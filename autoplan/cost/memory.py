@@ -259,6 +259,16 @@ def temporary_bytes(graph, start: int, end: int, scale: float, shard: int = 1) -
     return out
 
 
+def solver_state_weight(gpu: bool = True) -> float:
+    """Weight of the model states in a solver's memory constraint against
+    :func:`solver_budget_bytes`: that budget is the usable bytes less the runtime's, over
+    1 + the allocator reserve, which applies to the transient bytes only (activations,
+    temporaries, ZeRO-3 buffers), not to the states allocated once. So a plan fits when
+    ``w states + activations <= budget`` with w = 1 / (1 + FRAGMENTATION) on a GPU, the
+    step's own memory up to the temporaries (1 on CPU: no reserve)."""
+    return 1.0 / (1 + FRAGMENTATION) if gpu else 1.0
+
+
 def solver_budget_bytes(limit: float, gpu: bool = True, communicators: int = 3) -> float:
     """Budget for a solver whose memory constraint counts model states, activations and
     ZeRO-3 buffers but not the overheads above: ``limit`` (the usable bytes) less the

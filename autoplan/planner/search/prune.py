@@ -17,7 +17,8 @@ cb`` (compute and layer communication, forward and backward; plus ``f + cf`` rec
 under full recomputation, the attention core's forward ``sf`` under selective: the
 transitions, sends, gradient sync and optimizer terms are >= 0 and dropped), and a stage
 that fits holds, per device, at least one micro-batch's activations and its states at
-ZeRO-3 (every state sharded: the least any ZeRO stage keeps) within the budget ``M``; so
+ZeRO-3 (every state sharded: the least any ZeRO stage keeps; weighted as the tables weigh
+them, :func:`~autoplan.cost.memory.solver_state_weight`) within the budget ``M``; so
 ``sum_l n_l mem_l <= N M``. For any ``mu >= 0``::
 
     latency >= (m / N) sum_l min_c n_c (t_c + mu mem_c)  -  m mu M
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autoplan.cost.memory import solver_state_weight
 from autoplan.planner.search.costs import BUCKETS
 
 #: the Lagrange multipliers tried (seconds per byte per device): 0, and a log grid wide
@@ -48,12 +50,13 @@ def latency_lower_bound(ev, tables: dict, m: int, devices: int, memory: float) -
     bytes per device. 0 when some layer kind has no table (no bound)."""
     ms = ev.ms
     p_b, g_b, o_b = ev.cm.state_bytes
+    weight = solver_state_weight(ev.step.gpu)   # as the tables weigh the states
     best: dict[str, np.ndarray] = {}
     for (kind, mesh), t in tables.items():
         if t is None:
             continue
         div = np.array([max(1, mesh.group(axes).size) for axes in BUCKETS], dtype=float)
-        states = (t.psi * ((p_b + g_b + o_b) / div)).sum(axis=1)
+        states = weight * (t.psi * ((p_b + g_b + o_b) / div)).sum(axis=1)
         base = t.f + t.b + t.cf + t.cb
         times, mems = [base], [states + t.act]
         if ms.is_block[ms.kinds[kind].layer]:

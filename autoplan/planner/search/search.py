@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplan.cluster import Cluster
-from autoplan.cost.memory import in_flight_micro_batches, solver_budget_bytes
+from autoplan.cost.memory import (in_flight_micro_batches, solver_budget_bytes,
+                                  solver_state_weight)
 from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
 from autoplan.plan import Prediction
@@ -400,7 +401,8 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
         if not rows:
             continue
         for sched, v in plans:
-            lat, key = _balanced_latency(rc, grid[v], v, m, flight[(sched, v)], memory)
+            lat, key = _balanced_latency(rc, grid[v], v, m, flight[(sched, v)], memory,
+                                         solver_state_weight(ev.step.gpu))
             # the fastest; of equal ones the least memory (tables.tie_key), then the first
             # in combo order; an earlier mesh on a full tie
             r = int(np.lexsort((key, lat))[0])
@@ -417,13 +419,14 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
 
 
 def _balanced_latency(rc, grid: np.ndarray, v: int, m: int, flight: np.ndarray,
-                      memory: float) -> tuple[np.ndarray, np.ndarray]:
+                      memory: float, weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Pipeline latency of the chunks in ``grid`` (columns of ``rc``'s rows; grid column d:
     the chunks of rank d) for every row of ``rc``; ``flight[d]``: micro-batches rank d
-    holds; inf where a rank runs out of memory. Sums over ranks run in rank order. Also
+    holds; inf where a rank runs out of memory (its states at ``weight``:
+    :func:`~autoplan.cost.memory.solver_state_weight`). Sums over ranks run in rank order. Also
     each row's tie key: the largest of its ranks' :func:`~autoplan.planner.search.tables.
     tie_key`."""
-    states = rc.states[:, grid].sum(axis=1)                    # (R, pp)
+    states = weight * rc.states[:, grid].sum(axis=1)           # (R, pp)
     act = rc.act[:, grid].sum(axis=1)
     fixed = rc.fixed[:, grid].max(axis=1)
     fits = ~(states + flight * act + fixed > memory).any(axis=1)

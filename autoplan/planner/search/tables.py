@@ -17,7 +17,10 @@ activations, parameters per sync bucket). A stage's configuration is then a *com
                   + optimizer(psi / D^{[z>=1]})
     mem(i,j,s)  = states_z(psi) + s act(i, j) + peak(i, j) [+ 2 gathered(i, j) if z = 3]
 
-and keeps, for each stage position s (micro-batches in flight), the fastest combo that fits.
+and keeps, for each stage position s (micro-batches in flight), the fastest combo that fits:
+w states + s act + fixed <= the budget, with w the states' weight against a budget that
+holds back the allocator reserve on transient bytes only
+(:func:`~autoplan.cost.memory.solver_state_weight`).
 Everything here is arrays; the exact price of what the DP picks comes from the evaluator.
 """
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autoplan.cost.memory import solver_state_weight
 from autoplan.cost.step import REDUCE_BYTES, memory_zero, reductions_per_step
 from autoplan.planner.search.costs import BUCKETS
 from autoplan.planner.grid.estimate import OVERLAP_COST
@@ -142,6 +146,7 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
     ms = ev.ms
     u_count = len(units) - 1
     s1 = max_stages + 1
+    weight = solver_state_weight(ev.step.gpu)         # the states against ``memory``
     choice: dict[tuple[int, int], dict[str, int]] = {}
     kinds = list(dict.fromkeys(ms.layer_kind))
     ui, uj = np.triu_indices(u_count + 1, k=1)          # every unit range [i, j)
@@ -162,7 +167,7 @@ def range_table(ev: Evaluator, meshes: list[LogicalMesh], micro_batch: int, m: i
         if not rows:
             continue
         lat = rc.t + rc.send + rc.u / m                                 # (R, P)
-        val, k = fastest_fitting(lat, rc.states, rc.act, rc.fixed, memory, s1)
+        val, k = fastest_fitting(lat, weight * rc.states, rc.act, rc.fixed, memory, s1)
         key = np.take_along_axis(tie_key(rc.states, rc.act, rc.fixed), k, axis=0)
         # a faster row, or as fast on less memory (an earlier mesh on a full tie)
         better = (val < flat_t) | ((val == flat_t) & (key < flat_k))
