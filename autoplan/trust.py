@@ -80,6 +80,16 @@ def control_char(text: str) -> str | None:
     return None
 
 
+def key_label(key: str) -> str:
+    """``key`` as a field path names it: ``""`` for the empty key, and each control
+    character escaped (``\\x7f``), so that the message naming it is printable and its path
+    keeps every level."""
+    if key == "":
+        return '""'
+    return "".join(ch.encode("unicode_escape").decode("ascii")
+                   if unicodedata.category(ch) == "Cc" else ch for ch in key)
+
+
 def find_control_chars(value: Any, where: str = "") -> tuple[str, str] | None:
     """(field, character) of the first key or non-free-text string in ``value`` (nested
     dicts and lists) holding a control character; None when there is none."""
@@ -93,7 +103,8 @@ def find_control_chars(value: Any, where: str = "") -> tuple[str, str] | None:
         elif isinstance(item, dict):
             for key, sub in item.items():
                 key_s = str(key)
-                sub_path = f"{path}.{key_s}" if path else key_s
+                label = key_label(key_s)
+                sub_path = f"{path}.{label}" if path else label
                 ch = control_char(key_s)
                 if ch is not None:
                     return sub_path, ch

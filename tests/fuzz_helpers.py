@@ -50,6 +50,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from autoplan.errors import AutoplanError, ConfigError, PlanError
+from autoplan.trust import key_label
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
@@ -435,7 +436,9 @@ def assert_names_location(message: str, files: tuple[str, ...],
             return
         parsed, doc = parse()
         keys = {str(k) for k in doc} if isinstance(doc, dict) else set()   # YAML: 'on' -> True
-        assert root in keys or name in keys or (root == '""' and "" in keys), \
+        # a key as messages name it: "" for the empty key, control characters escaped
+        labels = keys | {key_label(k) for k in keys}
+        assert root in labels or name in labels, \
             f"field {name!r} is in neither the document nor the schema: {message!r}"
         return
     parsed, _ = parse()

@@ -58,6 +58,17 @@ def test_control_characters_in_profile_names_are_refused(tmp_path):
         LinkProfile.load(path)
 
 
+def test_a_control_character_is_named_by_a_printable_path_through_every_level():
+    from autoplan.trust import find_control_chars
+
+    # the empty key keeps its level ("") and the offending key is escaped, so the message
+    # naming the field prints no control character (a fuzzed op profile found both)
+    assert find_control_chars({"": {"a.b": {"\x7fop": 1}}}) == ('"".a.b.\\x7fop', "\x7f")
+    assert find_control_chars({"x": {"": "a\x01"}}) == ('x.""', "\x01")
+    assert find_control_chars({"x": ["ok", "a\n"]}) == ("x[1]", "\n")
+    assert find_control_chars({"notes": "free\ttext", "x": [1]}) is None
+
+
 def test_run_refuses_a_plans_import_model_without_trust(tmp_path, capsys, monkeypatch):
     import autoplan
     from engine.launch import run_local
