@@ -79,11 +79,15 @@ def prelaunch_documents(draw, seeds: list[tuple[str, dict]]) -> tuple[dict, dict
     for _ in range(draw(st.integers(1, 3))):
         key = _pick(draw, ENGINE_FIELDS)
         kind = draw(st.integers(0, 3))
-        if key == "precision" and kind < 3:
+        # (an earlier mutation of this document may have replaced a section with a
+        # non-mapping: then the generic mutation below takes it as it is)
+        if key == "precision" and kind < 3 and isinstance(doc.get("precision"), dict):
             sub = _pick(draw, ["params", "compute", "reduce"])
             doc["precision"][sub] = _pick(draw, _DTYPES)
             notes.append(f"precision.{sub}={doc['precision'][sub]!r}")
-        elif key == "param_placements" and kind < 3 and doc["param_placements"]:
+        elif key == "param_placements" and kind < 3 and \
+                isinstance(doc.get("param_placements"), dict) and doc["param_placements"] \
+                and all(isinstance(v, dict) for v in doc["param_placements"].values()):
             fqn = _pick(draw, sorted(doc["param_placements"]))
             axis = _pick(draw, ["dp", "tp", "pp", "x"])
             doc["param_placements"][fqn][axis] = _pick(draw, _PLACEMENTS)
@@ -91,7 +95,8 @@ def prelaunch_documents(draw, seeds: list[tuple[str, dict]]) -> tuple[dict, dict
         elif key in ("seq_len", "global_batch") and kind < 3:
             doc[key] = _pick(draw, _number_tweaks(doc.get(key) or 32) + [64, 4096, 1, 3])
             notes.append(f"{key}={doc[key]!r}")
-        elif key == "parallel" and kind < 3:
+        elif key == "parallel" and kind < 3 and isinstance(doc.get("parallel"), dict) \
+                and doc["parallel"]:
             sub = _pick(draw, sorted(doc["parallel"]))
             value = doc["parallel"][sub]
             doc["parallel"][sub] = (_pick(draw, _number_tweaks(value) + [1, 2, 4])

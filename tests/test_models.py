@@ -109,6 +109,21 @@ def test_hf_bad_input_is_a_config_error(tmp_path):
         resolve(f"hf:{bad}")
 
 
+
+def test_hf_model_class_failing_on_its_config_is_one_config_error(monkeypatch):
+    # transformers' own model code can fail on a config it ships (some default configs
+    # lack a field their model reads): one line naming the class, not a traceback
+    import transformers
+
+    def broken(self, config):
+        raise AttributeError("'GPT2Config' object has no attribute 'rope_theta'")
+
+    monkeypatch.setattr(transformers.GPT2LMHeadModel, "__init__", broken)
+    with pytest.raises(ConfigError, match=r"field 'model.config': building transformers' "
+                                          r"GPT2LMHeadModel .* raised AttributeError: "
+                                          r".*rope_theta"):
+        build_model(resolve("hf:gpt2", **TINY_GPT2))
+
 def test_hf_gpt2_builds_with_checkpoint_names_and_trains():
     spec = resolve("hf:gpt2", **TINY_GPT2, attn_implementation="eager")
     model = build_model(spec)

@@ -82,6 +82,20 @@ def test_hf_qwen_moe_capacity_equals_eager():
                     shared_expert_intermediate_size=24, **SMALL)
 
 
+def test_hf_moe_configs_under_other_names_route_through_the_capacity_experts():
+    # Aria names its experts moe_num_experts / moe_topk and stores them transposed; ERNIE
+    # 4.5 says moe_k; Kimi and Bailing num_experts_per_token
+    from autoplan.models.moe import hf_routing
+
+    cfg = transformers.AriaTextConfig(moe_num_experts=4, moe_topk=2, **SMALL)
+    assert hf_routing(cfg) == (4, 2)
+    assert hf_routing(transformers.Ernie4_5_MoeConfig(moe_num_experts=8, moe_k=3)) == (8, 3)
+    assert hf_routing(transformers.MixtralConfig(num_local_experts=1)) is None   # one expert
+    assert hf_routing(transformers.LlamaConfig()) is None
+    _equal_to_eager(transformers.AriaTextForCausalLM, transformers.AriaTextConfig,
+                    moe_num_experts=4, moe_topk=2, moe_num_shared_experts=1, **SMALL)
+
+
 def test_builtin_moe_gpt_counts_and_trains():
     from autoplan.models.gpt_config import GPTConfig
     from autoplan.models.registry import example_batch

@@ -370,9 +370,13 @@ def build(spec: ModelSpec) -> nn.Module:
     body = {} if mixin is _ImageLossForward else {
         "_takes_use_cache": "use_cache" in inspect.signature(cls.forward).parameters}
     trainable = type(f"{cls.__name__}ForTraining", (mixin, cls), body)
-    model = trainable._from_config(config,
-                                   attn_implementation=spec.config.get("attn_implementation",
-                                                                       "sdpa"))
+    # transformers' own model code may fail on a config it ships (a default config whose
+    # sub-configs lack a field the model reads): one line naming the class, not a traceback
+    from autoplan.models.registry import guarded
+
+    model = guarded(f"building transformers' {cls.__name__} from the {spec.name} config",
+                    trainable._from_config, config, field="model.config",
+                    attn_implementation=spec.config.get("attn_implementation", "sdpa"))
     model.train()
     return model
 

@@ -174,15 +174,24 @@ def _hf_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Te
         ep_group=getattr(self, EP_GROUP_ATTR, None))
 
 
-_HF_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+#: the names transformers' MoE configs give the routed experts' count and the experts per
+#: token (Mixtral and most: num_local_experts / num_experts / n_routed_experts with
+#: num_experts_per_tok; Aria and ERNIE 4.5: moe_num_experts with moe_topk / moe_k; Bailing
+#: and Kimi: num_experts_per_token; Gemma 4: top_k_experts)
+_HF_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_HF_TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k",
+             "top_k_experts")
+
+
+def _first_int(config, names: tuple[str, ...]) -> int | None:
+    return next((v for v in (getattr(config, a, None) for a in names)
+                 if isinstance(v, int) and not isinstance(v, bool)), None)
 
 
 def hf_routing(config) -> tuple[int, int] | None:
     """(experts, top-k) of a transformers config that describes a mixture of experts."""
-    experts = next((getattr(config, a) for a in _HF_EXPERTS
-                    if isinstance(getattr(config, a, None), int)), 0)
-    top_k = getattr(config, "num_experts_per_tok", None)
-    if experts > 1 and isinstance(top_k, int) and top_k >= 1:
+    experts, top_k = _first_int(config, _HF_EXPERTS) or 0, _first_int(config, _HF_TOP_K)
+    if experts > 1 and top_k is not None and top_k >= 1:
         return experts, top_k
     return None
 

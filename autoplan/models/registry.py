@@ -407,14 +407,14 @@ def _build_import(spec: ModelSpec) -> nn.Module:
     except BaseException as exc:  # noqa: BLE001 -- the module's own error, or sys.exit
         if isinstance(exc, KeyboardInterrupt):
             raise
-        _guarded(f"importing {mod_name!r}", _reraise, exc)
+        guarded(f"importing {mod_name!r}", _reraise, exc)
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
     if factory is None or not callable(factory):
         raise ConfigError(f"module {mod_name!r} has no attribute {attr!r} to call",
                           field="model.name")
-    model = _guarded(f"calling {spec.name}", factory, **spec.config)
+    model = guarded(f"calling {spec.name}", factory, **spec.config)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{spec.name} returned {type(model).__name__}, not an nn.Module",
                           field="model.name")
@@ -425,21 +425,23 @@ def _reraise(exc: BaseException) -> None:
     raise exc
 
 
-def _guarded(what: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``; an exception or ``sys.exit`` in user code becomes a
-    one-line ConfigError saying what raised."""
+def guarded(what: str, fn: Callable, *args: Any, field: str = "model.name",
+            **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``; an exception or ``sys.exit`` in code autoplan does not own
+    (a user's module, a library's model class) becomes a one-line ConfigError saying what
+    raised, naming ``field``."""
     try:
         return fn(*args, **kwargs)
     except SystemExit as exc:
         raise ConfigError(f"{what} called sys.exit({exc.code!r}); a model module must not "
-                          "exit", field="model.name") from None
+                          "exit", field=field) from None
     except ImportError as exc:
         raise ConfigError(f"{what} failed: {' '.join(str(exc).split())}"[:400],
-                          field="model.name") from None
+                          field=field) from None
     except Exception as exc:  # noqa: BLE001 -- any error of the user's module, one line
         detail = " ".join(str(exc).split())
         raise ConfigError(f"{what} raised {type(exc).__name__}"
-                          + (f": {detail}" if detail else "")[:400], field="model.name") from None
+                          + (f": {detail}" if detail else "")[:400], field=field) from None
 
 
 # ---- built-in families ----------------------------------------------------------------------
