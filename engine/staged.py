@@ -229,6 +229,7 @@ class StagedStage:
         else:
             local = self.prev.recv(i, self.place.device, backward=False)
             local.requires_grad_(True)
+        parallel = False              # the loss took loss_parallel (vocab_parallel_loss)
         if self.local:
             out = self.chunk(local, targets[base + lo:base + hi]) if self.last else \
                 self.chunk(local)
@@ -238,19 +239,23 @@ class StagedStage:
                 if self.last:
                     y = DTensor.from_local(targets[base + lo:base + hi], sm.mesh, pl,
                                            run_check=False)
-                    out = vocab_parallel_loss(self.chunk(x), y)
+                    logits = self.chunk(x)
+                    parallel = vocab_axis(logits) is not None
+                    out = vocab_parallel_loss(logits, y)
                 else:
                     out = self.chunk(x).redistribute(sm.mesh, pl).to_local()
-        state[i] = (local, out)
+        state[i] = (local, out, parallel)
         if self.last:
             return out.detach().full_tensor() if isinstance(out, DTensor) else out
         sends.extend(self.next.send(out.detach(), i, backward=False))
         return None
 
     def backward(self, i: int, state: dict, sends: list, scale: float) -> None:
-        local, out = state.pop(i)
-        # the vocabulary-parallel loss's backward needs its context (vocab_parallel_loss)
-        lp = loss_parallel() if self.last and not self.local else contextlib.nullcontext()
+        local, out, parallel = state.pop(i)
+        # the vocabulary-parallel loss's backward needs its context, and only it: a loss
+        # over replicated logits (a stage sharding some weights, not the head's vocabulary)
+        # is plain cross-entropy, whose backward loss_parallel refuses
+        lp = loss_parallel() if parallel else contextlib.nullcontext()
         with implicit_replication(), lp:
             if self.last:
                 # local mode: the loss is this rank's rows' mean; the micro-batch's mean is
@@ -261,6 +266,15 @@ class StagedStage:
                 torch.autograd.backward(out, grad)
         if not self.first:
             sends.extend(self.prev.send(local.grad, i, backward=True))
+
+
+def vocab_axis(logits: DTensor) -> int | None:
+    """The one mesh axis sharding ``logits`` along the vocabulary (its last dimension), or
+    None: not sharded so, or on several axes (which ``loss_parallel`` does not take)."""
+    cls = logits.ndim - 1
+    axes = [k for k, p in enumerate(logits.placements)
+            if isinstance(p, Shard) and p.dim in (cls, -1)]
+    return axes[0] if len(axes) == 1 else None
 
 
 def vocab_parallel_loss(logits: DTensor, targets: DTensor) -> DTensor:
@@ -274,11 +288,10 @@ def vocab_parallel_loss(logits: DTensor, targets: DTensor) -> DTensor:
 
     flat = logits.flatten(0, 1).float()
     tgt = targets.flatten(0, 1)
-    cls = flat.ndim - 1
-    axes = [k for k, p in enumerate(flat.placements) if isinstance(p, Shard) and p.dim == cls]
-    if len(axes) != 1:
+    axis = vocab_axis(logits)
+    if axis is None:
         return F.cross_entropy(flat, tgt)
-    want = [Replicate() if k == axes[0] else p for k, p in enumerate(flat.placements)]
+    want = [Replicate() if k == axis else p for k, p in enumerate(flat.placements)]
     tgt = tgt.redistribute(flat.device_mesh, want)
     with loss_parallel():
         return F.cross_entropy(flat, tgt, reduction="sum") / tgt.numel()

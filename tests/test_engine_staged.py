@@ -227,11 +227,26 @@ def _interleaved() -> Plan:
                                        for st in plan.stages])
 
 
+def _one_weight_sharded() -> Plan:
+    """Data parallelism over 4 ranks with one weight sharded along dp (ZeRO-3 for it alone)
+    and the head replicated: the loss is plain cross-entropy over replicated logits, whose
+    backward must not take loss_parallel (a fuzzed plan the pre-launch checks accepted
+    crashed the engine there: tests/fuzz_engine.py, benchmarks/fuzz_counts.py)."""
+    plan = make_plan(dp=4, global_batch=8)
+    placements = {fqn: dict(axes) for fqn, axes in plan.param_placements.items()}
+    placements["blocks.0.attn.k.bias"]["dp"] = "Shard(0)"
+    return dataclasses.replace(plan, planner={"name": "auto", "runtime": "per_op"},
+                               param_placements=placements,
+                               stages=[dataclasses.replace(st, data_axes=("dp",))
+                                       for st in plan.stages])
+
+
 @pytest.fixture(scope="module")
 def plans():
     out = {name: _auto(*case) for name, case in CASES.items()}
     out["stages_2x1_zero3_then_1x2_tp"] = _mixed_submeshes(MODEL_A, 4)
     out["interleaved_dp2_pp2v2"] = _interleaved()
+    out["dp4_one_weight_sharded"] = _one_weight_sharded()
     out["auto_pipeline_zero2_bf16"] = dataclasses.replace(
         out["auto_pipeline_zero2"],
         precision={"params": "float32", "compute": "bfloat16", "reduce": "float32"})
@@ -281,7 +296,8 @@ def test_search_chose_what_this_test_is_about(plans):
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("name", [*CASES, "stages_2x1_zero3_then_1x2_tp",
-                                  "interleaved_dp2_pp2v2", "auto_pipeline_zero2_bf16"])
+                                  "interleaved_dp2_pp2v2", "auto_pipeline_zero2_bf16",
+                                  "dp4_one_weight_sharded"])
 def test_search_plan_trains_like_one_process(runs, references, name):
     got = losses(runs / name)
     ref = references[name]
