@@ -503,6 +503,35 @@ def test_integral_lp_relaxation_gives_the_branch_and_bound_optimum(small):
     assert fixing >= 3                    # fractional roots with columns fixed at 0
 
 
+def test_an_lp_relaxation_stopped_by_its_time_limit_ends_the_solve(monkeypatch):
+    """CLP stopped at its limit: the solve gives up (OutOfTime, an InfeasibleError) instead
+    of handing branch and bound the same LP, which CBC would solve at its root without
+    looking at its own limit; solve_weights yields None for it, as for an infeasible one."""
+    from ortools.linear_solver import pywraplp
+
+    from autoplan.planner.search.intra_op import OutOfTime
+    from test_search import _random_problem
+
+    real = pywraplp.Solver.CreateSolver
+
+    class Stopped:
+        def __init__(self, solver):
+            self._s = solver
+
+        def __getattr__(self, name):
+            return getattr(self._s, name)
+
+        def Solve(self):                            # noqa: N802 -- OR-Tools' name
+            return pywraplp.Solver.FEASIBLE          # what CLP returns at its time limit
+
+    monkeypatch.setattr(pywraplp.Solver, "CreateSolver", staticmethod(
+        lambda name: Stopped(real(name)) if name == "CLP" else real(name)))
+    ilp = _random_problem(np.random.default_rng(3))
+    with pytest.raises(OutOfTime, match="did not finish in 2.0 s"):
+        solve(ilp, explain=False, time_limit_s=2.0)
+    assert list(solve_weights(ilp, [0.0, 1e-9], time_limit_s=lambda: 2.0)) == [None, None]
+
+
 def test_dtensor_answers_shared_by_ops_alike_equal_asking_each(monkeypatch):
     """analyse asks DTensor once per strategy_key (ops alike: a block's layer norms, its
     residual adds); every op's strategies equal those of asking for each op, on a GPT

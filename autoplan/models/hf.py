@@ -44,7 +44,7 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import ConfigError
-from autoplan.models.moe import use_capacity_experts
+from autoplan.models.moe import config_value, use_capacity_experts
 from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, ModelSpec
 
 _ATTN = ("eager", "sdpa")
@@ -103,10 +103,14 @@ def _check_sizes(config_class: type, values: dict[str, Any], source: str) -> Non
             value = values.get(key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            # a per-layer list (Gemma 3n's intermediate_size) holds one size per layer
+            sizes = value if isinstance(value, (list, tuple)) and value else [value]
+            if any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high
+                   for v in sizes):
                 shown = repr(value)
                 shown = shown if len(shown) <= 80 else shown[:77] + "..."
-                raise ConfigError(f"must be an integer in [1, {high}], got {shown}",
+                raise ConfigError(f"must be an integer in [1, {high}] (or a list of them, one "
+                                  f"per layer), got {shown}",
                                   source=source, field=f"model.config.{key}")
 
 
@@ -204,22 +208,22 @@ def _task_of(config, architectures: list | None, explicit: str | None, source: s
 def _check_config(config, task: str, source: str) -> None:
     """What transformers would only fail on deep inside the model: heads vs KV heads, token
     ids outside the vocabulary (Phi-3's pad id 32,000 with a small ``vocab_size``)."""
-    heads = getattr(config, "num_attention_heads", None)
-    kv = getattr(config, "num_key_value_heads", None)
+    heads = config_value(config, "num_attention_heads")
+    kv = config_value(config, "num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and kv > 0 and \
             (kv > heads or heads % kv):
         raise ConfigError(f"num_key_value_heads = {kv} must divide num_attention_heads = "
                           f"{heads} (each KV head serves a group of query heads)",
                           source=source, field="model.config.num_key_value_heads")
-    hidden = getattr(config, "hidden_size", None)
+    hidden = config_value(config, "hidden_size")
     if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and \
-            getattr(config, "head_dim", None) is None and hidden % heads:
+            config_value(config, "head_dim") is None and hidden % heads:
         raise ConfigError(f"hidden_size = {hidden} is not divisible by num_attention_heads "
                           f"= {heads}", source=source, field="model.config.hidden_size")
-    vocab = getattr(config, "vocab_size", None)
+    vocab = config_value(config, "vocab_size")
     if task != "image-classification" and isinstance(vocab, int):
         for key in ("pad_token_id", "decoder_start_token_id"):
-            value = getattr(config, key, None)
+            value = config_value(config, key)
             if isinstance(value, int) and not 0 <= value < vocab:
                 raise ConfigError(f"{key} = {value} is outside the vocabulary (vocab_size = "
                                   f"{vocab}); set {key} below it", source=source,
@@ -393,9 +397,9 @@ def max_seq_len(spec: ModelSpec) -> int | None:
         return None
     config = hf_config(spec)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, key, None)
+        value = config_value(config, key)
         if isinstance(value, int) and value > 0:
-            pad = getattr(config, "pad_token_id", None)
+            pad = config_value(config, "pad_token_id")
             if key == "max_position_embeddings" and isinstance(pad, int) and pad >= 0 \
                     and _positions_after_padding(config.model_type):
                 return max(value - pad - 1, 0) or None

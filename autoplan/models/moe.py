@@ -183,8 +183,18 @@ _HF_TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k"
              "top_k_experts")
 
 
+def config_value(config, name: str, default=None):
+    """``getattr(config, name, default)``, also when reading the attribute raises something
+    else than AttributeError (transformers' per-layer configs refuse a global ``head_dim``
+    with their own error)."""
+    try:
+        return getattr(config, name, default)
+    except Exception:  # noqa: BLE001 -- whatever the config class raises: not there
+        return default
+
+
 def _first_int(config, names: tuple[str, ...]) -> int | None:
-    return next((v for v in (getattr(config, a, None) for a in names)
+    return next((v for v in (config_value(config, a) for a in names)
                  if isinstance(v, int) and not isinstance(v, bool)), None)
 
 
@@ -288,12 +298,12 @@ def set_ep_group(module: nn.Module, group) -> None:
 
 def _routing_of(module: nn.Module) -> tuple[int, int] | None:
     """(experts, top-k) of an experts-holding module: the built-in :class:`MoE`, or a
-    transformers experts module (``num_experts`` and its config's ``num_experts_per_tok``)."""
+    transformers experts module (``num_experts`` and its config's experts per token)."""
     if isinstance(module, MoE):
         return module.experts, module.top_k
     experts = getattr(module, "num_experts", None)
     config = getattr(module, "config", None)
-    top_k = getattr(config, "num_experts_per_tok", None)
+    top_k = _first_int(config, _HF_TOP_K) if config is not None else None
     if isinstance(experts, int) and isinstance(top_k, int) and experts > 1 and any(
             p.dim() == 3 and p.shape[0] == experts for p in module.parameters(recurse=False)):
         return experts, top_k

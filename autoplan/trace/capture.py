@@ -110,11 +110,21 @@ class Capture:
     params: dict[str, torch.Tensor]            # the (fake) parameters, by FQN
 
 
+#: forward ops one call of one module may run itself (not in its submodules) before the
+#: trace stops: a Python loop over the sequence -- transformers' reference selective scan of
+#: Mamba, ~14 ops a token, ~29,000 a layer at 2,048 tokens -- would be recorded op by op
+#: (~1,200 ops a CPU second) into a graph of millions of ops that no planner prices in
+#: reasonable time; a block of a transformer runs a few dozen
+MAX_OPS_PER_CALL = 20_000
+
+
 class _ModuleStack:
-    """The stack of running modules, kept by forward pre/post hooks (removed by close())."""
+    """The stack of running modules, kept by forward pre/post hooks (removed by close()),
+    with the forward ops each call ran itself (``counts``, parallel to ``stack``)."""
 
     def __init__(self, model: nn.Module):
         self.stack: list[tuple[str, str]] = [("", type(model).__name__)]
+        self.counts: list[int] = [0]
         self._handles = []
         for path, module in model.named_modules():
             if module is model:
@@ -125,9 +135,22 @@ class _ModuleStack:
 
     def _enter(self, path: str, cls: str, module: nn.Module, args: Any) -> None:
         self.stack.append((path, cls))
+        self.counts.append(0)
 
     def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
         self.stack.pop()
+        self.counts.pop()
+
+    def count_op(self) -> None:
+        """One more forward op of the running call; TraceError past MAX_OPS_PER_CALL."""
+        self.counts[-1] += 1
+        if self.counts[-1] > MAX_OPS_PER_CALL:
+            raise TraceError(
+                f"{_describe(*self.top)} ran more than {MAX_OPS_PER_CALL:,} ops in one "
+                "forward call (a Python loop over the sequence, e.g. a reference scan "
+                "instead of its fused kernel); autoplan records every op, and a graph that "
+                "size takes hours to plan. Trace a shorter sequence (--seq-len), or run the "
+                "loop as one op (the fused kernel, or a custom op with a meta kernel)")
 
     @property
     def top(self) -> tuple[str, str]:
@@ -225,6 +248,7 @@ class _Recorder(TorchDispatchMode):
                 p = owner[1] if owner is not None and owner[0] == "op" else None
             producers.append(p)
         read, written = moved_bytes(in_tensors, out_tensors, is_view)
+        self.modules.count_op()
         path, cls = self.modules.top
         self.ops.append(CapturedOp(index, name, func, in_tensors, out_tensors, producers, path,
                                    cls, seq, flops, read, written, is_view))

@@ -450,6 +450,10 @@ def solve_weights(problem: IntraOpProblem, mem_weights: list[float], *,
             yield None
 
 
+class OutOfTime(InfeasibleError):
+    """No solution within the solve's time limit (not a proof that none exists)."""
+
+
 def _run(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: float, explain: bool,
          t0: float, relaxation_first: bool = True) -> Solution:
     """Solve ``builder``'s model as it stands: first its LP relaxation
@@ -506,7 +510,8 @@ def _relaxation(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: floa
     """The model's LP relaxation -- every variable continuous -- solved with CLP:
     ((choice, ZeRO stage), []) when its optimum is integral in every x and zeta; else
     (None, the x columns branch and bound may fix at 0); (None, []) when CLP finds no
-    optimum (infeasible, out of time).
+    optimum (infeasible, numerical trouble); :class:`OutOfTime` when CLP stops at the time
+    limit.
 
     An integral optimum is the ILP's optimum: the relaxation's optimum z_LP bounds the
     ILP's from below, and an optimum integral in x and zeta is a feasible point of the ILP
@@ -536,7 +541,14 @@ def _relaxation(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: floa
     if lp is None or lp.LoadModelFromProto(model):
         return None, []
     lp.SetTimeLimit(int(time_limit_s * 1000))
-    if lp.Solve() != pywraplp.Solver.OPTIMAL:
+    status = lp.Solve()
+    if status in (pywraplp.Solver.FEASIBLE, pywraplp.Solver.NOT_SOLVED):
+        # stopped by the time limit: branch and bound would start by solving this same LP
+        # at its root, and CBC checks its own limit only between nodes (a 265,721-column
+        # model of a Mamba layer ran minutes past a 2 s limit)
+        raise OutOfTime(f"the intra-op ILP's LP relaxation ({len(model.variable):,} "
+                        f"variables) did not finish in {time_limit_s:.1f} s")
+    if status != pywraplp.Solver.OPTIMAL:
         return None, []
     response = linear_solver_pb2.MPSolutionResponse()
     lp.FillSolutionResponseProto(response)

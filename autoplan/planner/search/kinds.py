@@ -16,6 +16,8 @@ registry asked on a probe mesh); this module wires them into a :class:`KindGraph
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, field
 
 from torch.utils import _pytree as pytree
@@ -67,6 +69,18 @@ class KindGraph:
     @property
     def anchors(self) -> list[int]:
         return [i for i, a in enumerate(self.anchor_of) if a == i and i not in self.param_chain]
+
+    @functools.cached_property
+    def groups(self) -> dict[int, list[int]]:
+        """Anchor position -> the positions of its group (itself and its followers, not
+        parameter views), in order: built once (a kind is not changed once built), where a
+        scan of every op per anchor made :func:`members` quadratic in the ops of a layer
+        (thousands in a linear-attention layer's chunk loop)."""
+        out: dict[int, list[int]] = {}
+        for i, a in enumerate(self.anchor_of):
+            if i not in self.param_chain:
+                out.setdefault(a, []).append(i)
+        return out
 
 
 def flat_refs(op: RecordedOp) -> list[TensorRef]:
@@ -349,4 +363,5 @@ def output_spec(kg: KindGraph, pos: int, output: int, anchor_choice: int) -> Spe
 
 
 def members(kg: KindGraph, anchor: int) -> list[int]:
-    return [i for i, a in enumerate(kg.anchor_of) if a == anchor and i not in kg.param_chain]
+    """The positions of ``anchor``'s group (:attr:`KindGraph.groups`)."""
+    return list(kg.groups.get(anchor, ()))

@@ -24,7 +24,11 @@ ILP and CBC's solve, one thread; CBC's time limit is CPU time), handed out in or
 solve ``i`` of ``n`` may run ``min(time_limit_s, left / (n - i))`` (at least
 :data:`MIN_SOLVE_S`). A solve stopped by its limit contributes the best layout found so far
 (status ``FEASIBLE`` in ``Library.solves``), not the proven optimum; small problems (one
-block kind: every GPT-style model) solve to optimality well inside their share.
+block kind: every GPT-style model) solve to optimality well inside their share. Once the
+budget is spent and the library holds a layout of every kind, the remaining solves are
+skipped (``Library.skipped``): an ILP of hundreds of thousands of columns (a layer running
+thousands of ops, as a linear-attention chunk loop does) costs seconds to build, export and
+load whatever its solver's limit, and forty of them took minutes.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class Library:
 
     solutions: list[tuple[tuple[str, tuple[int, ...]], ...]] = field(default_factory=list)
     unweighted: list[bool] = field(default_factory=list)     # solved at memory weight 0
+    skipped: list[str] = field(default_factory=list)         # solves left out, budget spent
 
     def add(self, kind: str, layout: tuple[int, ...], origin: str) -> None:
         bucket = self.layouts.setdefault(kind, [])
@@ -155,7 +160,12 @@ def build_library(ev: Evaluator, ms: ModelStructure, world: int, global_batch: i
         else:
             groups.append([i])
     spent = 0.0
-    for group in groups:
+    for gi, group in enumerate(groups):
+        if spent >= budget_s and lib.layouts:
+            lib.skipped = [work[i][4][2] for g in groups[gi:] for i in g]
+            log.info("library: CPU budget of %.0f s spent; %d solves skipped", budget_s,
+                     len(lib.skipped))
+            break
         mesh, micro_batch, m, costs, (_, restrict, _) = work[group[0]]
         weights = [ilp_weight(work[i][4][0]) for i in group]
         t0, c0 = time.perf_counter(), time.process_time()
