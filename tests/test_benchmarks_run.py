@@ -1,5 +1,6 @@
-"""Every benchmark script that issue #18 re-ran runs to the end (its ``--quick`` mode: small
-models, one repeat), and writes a results file whose targets say what holds.
+"""Every benchmark script that issue #18 re-ran, and the transformers-types sweep, runs to
+the end (its ``--quick`` mode: small models, one repeat), and writes a results file whose
+targets say what holds.
 
 A script may exit 1 (a target unmet: measurements, not test failures, decide that), but a
 crash — a traceback, any other exit status, no results file — fails the test. Results go to
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.slow          # each starts Python, torch and a planner
     ("solver_scaling.py", "solver_scaling_quick.json"),
     ("search_vs_uniform.py", "search_vs_uniform_quick.json"),
     ("trace_replicate.py", "trace_replicate_quick.json"),
+    ("hf_types.py", "hf_types_quick.json"),
 ])
 def test_benchmark_quick_mode_runs_to_the_end(script, results, tmp_path):
     env = dict(os.environ, AUTOPLAN_BENCHMARK_RESULTS=str(tmp_path),
