@@ -91,7 +91,7 @@ SMALL: dict[str, str | tuple[None, str]] = {
        for name in ("megatron_sc21", "plan_speed", "engine_overhead", "solver_scaling",
                     "search_vs_uniform", "search_measured", "cost_model_accuracy",
                     "fuzz_counts", "moe_cp", "published_runs", "recompute",
-                    "trace_replicate")},
+                    "trace_replicate", "hf_types")},
     "PYTHONPATH=.:/path/to/zoo-deps python benchmarks/model_zoo.py --jobs 2":
         (None, "needs torchvision and timm (a CPU build beside the CPU torch) and minutes per "
                "model; run by hand"),
