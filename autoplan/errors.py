@@ -53,5 +53,9 @@ class InfeasibleError(AutoplanError):
     """No configuration fits; the message gives needed vs available memory per device."""
 
 
+class OutOfTime(InfeasibleError):
+    """A solve found no solution within its time limit (not a proof that none exists)."""
+
+
 class PlanError(AutoplanError, ValueError):
     """A plan file is malformed, of another version, or does not match the run."""

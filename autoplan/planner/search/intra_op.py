@@ -63,7 +63,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from autoplan.errors import InfeasibleError
+from autoplan.errors import InfeasibleError, OutOfTime
 
 log = logging.getLogger(__name__)
 
@@ -450,16 +450,11 @@ def solve_weights(problem: IntraOpProblem, mem_weights: list[float], *,
             yield None
 
 
-class OutOfTime(InfeasibleError):
-    """No solution within the solve's time limit (not a proof that none exists)."""
-
-
 def _run(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: float, explain: bool,
          t0: float, relaxation_first: bool = True) -> Solution:
-    """Solve ``builder``'s model as it stands: first its LP relaxation
-    (:func:`_relaxation`, unless ``relaxation_first`` is False), then, where that optimum
-    is fractional, the mixed-integer program with ``builder``'s backend, the x the
-    relaxation's reduced costs rule out fixed at 0 for that solve."""
+    """Solve ``builder``'s model as it stands: its LP relaxation (:func:`_relaxation`,
+    unless ``relaxation_first`` is False), then, where that optimum is fractional, the MIP
+    with ``builder``'s backend, the x the reduced costs rule out fixed at 0."""
     from ortools.linear_solver import pywraplp
 
     solver = builder.s
@@ -510,8 +505,7 @@ def _relaxation(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: floa
     """The model's LP relaxation -- every variable continuous -- solved with CLP:
     ((choice, ZeRO stage), []) when its optimum is integral in every x and zeta; else
     (None, the x columns branch and bound may fix at 0); (None, []) when CLP finds no
-    optimum (infeasible, numerical trouble); :class:`OutOfTime` when CLP stops at the time
-    limit.
+    optimum (infeasible, numerical trouble); OutOfTime when it stops at the time limit.
 
     An integral optimum is the ILP's optimum: the relaxation's optimum z_LP bounds the
     ILP's from below, and an optimum integral in x and zeta is a feasible point of the ILP
@@ -542,10 +536,8 @@ def _relaxation(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: floa
         return None, []
     lp.SetTimeLimit(int(time_limit_s * 1000))
     status = lp.Solve()
-    if status in (pywraplp.Solver.FEASIBLE, pywraplp.Solver.NOT_SOLVED):
-        # stopped by the time limit: branch and bound would start by solving this same LP
-        # at its root, and CBC checks its own limit only between nodes (a 265,721-column
-        # model of a Mamba layer ran minutes past a 2 s limit)
+    if status in (pywraplp.Solver.FEASIBLE, pywraplp.Solver.NOT_SOLVED):   # time limit: CBC
+        # would solve it at its root, blind to its own limit (a Mamba layer: minutes past 2 s)
         raise OutOfTime(f"the intra-op ILP's LP relaxation ({len(model.variable):,} "
                         f"variables) did not finish in {time_limit_s:.1f} s")
     if status != pywraplp.Solver.OPTIMAL:
