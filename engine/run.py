@@ -51,6 +51,7 @@ import gc
 import os
 import socket
 import sys
+import time
 import traceback
 from dataclasses import MISSING, fields
 from typing import Any, Callable, NoReturn, Sequence
@@ -76,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(*names, dest=f.name, type=type(default), default=default,
                                 help=f"(default: {default})")
     return parser
+
+
+#: seconds a rank other than local rank 0 waits before exiting on an error every rank finds
+#: before the ranks have started together (:func:`_report`)
+QUIET_RANK_GRACE_S = 20.0
 
 
 def _local_rank0() -> bool:
@@ -200,6 +206,12 @@ def _report(cfg: RunConfig | None, phase: _Phase, message: str, *, collective: b
     if not phase.started or cfg is None:      # the same on every rank: local rank 0 says it
         if _local_rank0():
             print(f"error: {message}", file=sys.stderr, flush=True)
+        else:
+            # ... so the others give it time to: torchrun ends every rank once one exits,
+            # and a rank that failed the same check first (rank 0 starting later, on a
+            # loaded machine) had local rank 0 killed before it printed (the user saw only
+            # torchrun's summary). torchrun ends this wait as soon as local rank 0 exits.
+            time.sleep(QUIET_RANK_GRACE_S)
         return
     if record(errors_dir(cfg.out_dir), int(rank), message, collective=collective):
         print(f"error: rank {rank}: {message}", file=sys.stderr, flush=True)
