@@ -34,6 +34,7 @@ raises :class:`~autoplan.errors.TraceError` naming the module that ran it and th
 from __future__ import annotations
 
 import functools
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -302,6 +303,11 @@ def capture(model: nn.Module, batch: tuple) -> Capture:
     training = {m: m.training for m in model.modules()}
     modules = _ModuleStack(model)
     rec = _Recorder(modules, owners)
+    # fake tensors log a traceback of a failing meta kernel before re-raising it; the
+    # TraceError below says it in one line (a model's dtype mix: xLSTM's bmm)
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         model.train()
         with CudaSemantics(), fake, rec, \
@@ -323,6 +329,7 @@ def capture(model: nn.Module, batch: tuple) -> Capture:
         last = f" (last op: {rec.ops[-1].func})" if rec.ops else ""
         raise TraceError(f"{rec.where()}{last}: {type(exc).__name__}: {exc}") from exc
     finally:
+        fake_log.setLevel(level)
         modules.close()
         for m, flag in training.items():
             m.training = flag
