@@ -240,8 +240,9 @@ class StagedStage:
                     y = DTensor.from_local(targets[base + lo:base + hi], sm.mesh, pl,
                                            run_check=False)
                     logits = self.chunk(x)
-                    parallel = vocab_axis(logits) is not None
-                    out = vocab_parallel_loss(logits, y)
+                    axis = vocab_axis(logits)
+                    parallel = axis is not None
+                    out = vocab_parallel_loss(logits, y, axis)
                 else:
                     out = self.chunk(x).redistribute(sm.mesh, pl).to_local()
         state[i] = (local, out, parallel)
@@ -277,7 +278,7 @@ def vocab_axis(logits: DTensor) -> int | None:
     return axes[0] if len(axes) == 1 else None
 
 
-def vocab_parallel_loss(logits: DTensor, targets: DTensor) -> DTensor:
+def vocab_parallel_loss(logits: DTensor, targets: DTensor, axis: int | None) -> DTensor:
     """Mean token cross-entropy of ``logits`` (b, s, vocab) against ``targets`` (b, s), in
     fp32 (as :meth:`autoplan.models.gpt.GPT.loss`). Logits sharded along the vocabulary on
     one mesh axis (a vocabulary-parallel head) take ``loss_parallel``: each rank's softmax
@@ -288,8 +289,7 @@ def vocab_parallel_loss(logits: DTensor, targets: DTensor) -> DTensor:
 
     flat = logits.flatten(0, 1).float()
     tgt = targets.flatten(0, 1)
-    axis = vocab_axis(logits)
-    if axis is None:
+    if axis is None:                 # axis: vocab_axis(logits)
         return F.cross_entropy(flat, tgt)
     want = [Replicate() if k == axis else p for k, p in enumerate(flat.placements)]
     tgt = tgt.redistribute(flat.device_mesh, want)

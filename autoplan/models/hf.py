@@ -45,7 +45,7 @@ import torch.nn as nn
 
 from autoplan.errors import ConfigError
 from autoplan.models.moe import config_value, use_capacity_experts
-from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, ModelSpec
+from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, ModelSpec, guarded
 
 _ATTN = ("eager", "sdpa")
 _DROP_KEYS = ("transformers_version", "_name_or_path", "architectures", "id2label",
@@ -376,8 +376,6 @@ def build(spec: ModelSpec) -> nn.Module:
     trainable = type(f"{cls.__name__}ForTraining", (mixin, cls), body)
     # transformers' own model code may fail on a config it ships (a default config whose
     # sub-configs lack a field the model reads): one line naming the class, not a traceback
-    from autoplan.models.registry import guarded
-
     model = guarded(f"building transformers' {cls.__name__} from the {spec.name} config",
                     trainable._from_config, config, field="model.config",
                     attn_implementation=spec.config.get("attn_implementation", "sdpa"))
