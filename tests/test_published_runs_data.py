@@ -41,3 +41,28 @@ def test_a_bad_row_is_refused_naming_the_row_and_the_field(tmp_path):
                                 "overlap: 1", 1))
     with pytest.raises(DataError, match=r"runs\[\d+\] \(kor-22b\): field 'parallel'"):
         load_runs(bad)
+
+
+def test_unmodelled_rows_are_scored_but_never_fitted():
+    from benchmarks.published_runs import loso
+
+    rows = [{"source": "a", "ratio": 1.0}, {"source": "a", "ratio": 1.2},
+            {"source": "b", "ratio": 1.1},
+            {"source": "c", "ratio": 4.0, "modelled": False},
+            {"source": "c", "ratio": 1.1}]
+    loso(rows)
+    # k over every modelled row: median(1.0, 1.2, 1.1, 1.1) = 1.1; the 4.0 never enters it
+    assert rows[0]["k_in"] == pytest.approx(1.1)
+    # source a is scored with k fitted on b and c's modelled rows only: median(1.1, 1.1)
+    assert rows[0]["k_out"] == pytest.approx(1.1)
+    # the unmodelled row is still scored, against the others' k
+    assert rows[3]["err_out"] == pytest.approx(4.0 / rows[3]["k_out"] - 1)
+    assert rows[3]["err_out"] > 2
+
+
+def test_modelled_must_be_a_boolean(tmp_path):
+    data = (ROOT / "benchmarks" / "data" / "published_runs.yaml").read_text()
+    bad = tmp_path / "runs.yaml"
+    bad.write_text(data.replace("    modelled: false", "    modelled: 'no'", 1))
+    with pytest.raises(DataError, match=r"\(sc21-z3-175b-384\): field 'modelled'"):
+        load_runs(bad)
