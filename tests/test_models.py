@@ -124,6 +124,38 @@ def test_hf_model_class_failing_on_its_config_is_one_config_error(monkeypatch):
                                           r".*rope_theta"):
         build_model(resolve("hf:gpt2", **TINY_GPT2))
 
+def test_hf_composite_config_takes_its_language_models_sizes():
+    # Gemma 3 / Llama 4 configs hold the language model in text_config: a size their top
+    # level lacks goes there, and per-layer fields derive again from the new layer count
+    spec = resolve("hf:gemma3", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   vocab_size=256)
+    text = spec.config["text_config"]
+    assert text["num_hidden_layers"] == 2 and text["vocab_size"] == 256
+    assert "num_hidden_layers" not in spec.config
+    from autoplan.models.hf import hf_config, text_config
+    config = text_config(hf_config(spec))
+    assert len(config.layer_types) == 2
+    with pytest.raises(ConfigError, match=r"unknown gemma3 config key\(s\) \['n_layers'\]; "
+                                          r"see Gemma3Config or its text_config "
+                                          r"\(Gemma3TextConfig\)"):
+        resolve("hf:gemma3", n_layers=2)
+    with pytest.raises(ConfigError, match=r"model.config.num_hidden_layers"):
+        resolve("hf:gemma3", num_hidden_layers=0)
+
+
+def test_hf_composite_type_whose_causal_lm_is_the_language_model_alone():
+    # llama4's causal-LM class (Llama4ForCausalLM) takes the text config, not the composite
+    spec = resolve("hf:llama4", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                   intermediate_size_mlp=128, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=16, vocab_size=256, num_local_experts=2)
+    model = build_model(spec)
+    assert type(model).__name__ == "Llama4ForCausalLMForTraining"
+    assert "model.layers.1.self_attn.q_proj.weight" in dict(model.named_parameters())
+    ids, labels = example_batch(spec, 2, 16, device="meta")
+    assert ids.shape == (2, 16)
+
+
 def test_hf_gpt2_builds_with_checkpoint_names_and_trains():
     spec = resolve("hf:gpt2", **TINY_GPT2, attn_implementation="eager")
     model = build_model(spec)

@@ -128,24 +128,90 @@ def _modeling_reads(model_type: str, key: str) -> bool:
     return f'getattr(config, "{key}"' in source or f"config.{key}" in source
 
 
-def _check_keys(model_type: str, overrides: dict[str, Any], source: str) -> None:
+def _known_keys(config) -> set[str]:
+    """The fields a transformers config object accepts (with its ``attribute_map`` aliases)."""
     import dataclasses
 
+    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
+    if dataclasses.is_dataclass(config):
+        known |= {f.name for f in dataclasses.fields(config)}
+    return known
+
+
+def text_config(config):
+    """The config of the language model inside ``config``: ``config`` itself, or for a
+    composite config (a vision- or audio-language model: Gemma 3, Llama 4, Mllama, Qwen3.5)
+    the sub-config transformers' ``get_text_config(decoder=True)`` names."""
+    getter = getattr(config, "get_text_config", None)
+    if getter is None:
+        return config
+    try:
+        return getter(decoder=True) or config
+    except Exception:  # noqa: BLE001 -- a config class whose lookup fails has no text part
+        return config
+
+
+def _text_key(config) -> str | None:
+    """The attribute of a composite ``config`` that holds its text config (``text_config``
+    for most, ``decoder`` for MusicGen), or None when the config is its own text config."""
+    inner = text_config(config)
+    if inner is config:
+        return None
+    for key in getattr(config, "sub_configs", {}) or {}:
+        if getattr(config, key, None) is inner:
+            return key
+    return None
+
+
+def _sub_defaults(sub, relayered: bool) -> dict[str, Any]:
+    """What a composite config's default sub-config sets beyond its own class's defaults
+    (its ``model_type`` always). With a new layer count, fields holding one entry per layer
+    (Gemma 3's ``layer_types``) are left to be derived again."""
+    try:
+        base = type(sub)().to_dict()
+    except Exception:  # noqa: BLE001 -- a class that cannot build bare: keep everything
+        base = {}
+    out = {"model_type": sub.model_type}
+    for key, value in sub.to_dict().items():
+        if key in _DROP_KEYS or base.get(key, object()) == value:
+            continue
+        if relayered and isinstance(value, (list, dict)):
+            continue
+        out[key] = value
+    return out
+
+
+def _split_overrides(model_type: str, overrides: dict[str, Any], source: str
+                     ) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+    """(top-level overrides, text sub-config key, overrides for it). A key the model type's
+    config lacks but its language model's config has (``num_hidden_layers`` of ``gemma3``,
+    whose layers live in ``text_config``) goes to that sub-config; a key neither has is an
+    error naming the config class."""
     default = _config(model_type, {}, source=source)
-    known = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
-    if dataclasses.is_dataclass(default):
-        known |= {f.name for f in dataclasses.fields(default)}
+    known = _known_keys(default)
     unknown = sorted(set(overrides) - known)
-    if "head_dim" in unknown and _modeling_reads(model_type, "head_dim"):
+    key = _text_key(default) if unknown else None
+    inner_known = _known_keys(getattr(default, key)) if key else set()
+    if "head_dim" in unknown and (_modeling_reads(model_type, "head_dim")
+                                  or "head_dim" in inner_known):
         unknown.remove("head_dim")       # read with a fallback (Qwen3-MoE): a real setting
+        if "head_dim" not in inner_known:
+            known.add("head_dim")
+    routed = {k: overrides[k] for k in unknown if k in inner_known}
+    unknown = [k for k in unknown if k not in routed]
     if "head_dim" in unknown:
         raise ConfigError(f"{model_type} has no head_dim field: it derives the head size as "
                           "hidden_size / num_attention_heads; set those instead",
                           source=source, field="model.config.head_dim")
     if unknown:
+        inner = f" or its {key} ({type(getattr(default, key)).__name__})" if key else ""
         raise ConfigError(f"unknown {model_type} config key(s) {unknown}; see "
-                          f"{type(default).__name__} for the fields", source=source,
+                          f"{type(default).__name__}{inner} for the fields", source=source,
                           field=f"model.config.{unknown[0]}")
+    if routed:
+        _check_sizes(type(getattr(default, key)), routed, source)
+    top = {k: v for k, v in overrides.items() if k not in routed}
+    return top, key, routed
 
 
 #: Task families (``--task`` / ``task=``): the transformers auto class whose mapping gives
@@ -207,7 +273,9 @@ def _task_of(config, architectures: list | None, explicit: str | None, source: s
 
 def _check_config(config, task: str, source: str) -> None:
     """What transformers would only fail on deep inside the model: heads vs KV heads, token
-    ids outside the vocabulary (Phi-3's pad id 32,000 with a small ``vocab_size``)."""
+    ids outside the vocabulary (Phi-3's pad id 32,000 with a small ``vocab_size``); of a
+    composite config, its language model's."""
+    config = text_config(config)
     heads = config_value(config, "num_attention_heads")
     kv = config_value(config, "num_key_value_heads")
     if isinstance(heads, int) and isinstance(kv, int) and kv > 0 and \
@@ -286,8 +354,15 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
         values = {k: v for k, v in base.items() if k not in _DROP_KEYS}
     else:
         model_type, values = name_or_path, {}
-    _check_keys(model_type, overrides, source)
-    config = _config(model_type, {**values, **overrides}, source=source)
+    top, text_key, routed = _split_overrides(model_type, overrides, source)
+    merged = {**values, **top}
+    if routed:                      # a composite config: the text model's sizes
+        inner = merged.get(text_key)
+        if not isinstance(inner, dict):
+            inner = _sub_defaults(getattr(_config(model_type, values, source=source), text_key),
+                                  relayered="num_hidden_layers" in routed)
+        merged[text_key] = {**inner, **routed}
+    config = _config(model_type, merged, source=source)
     task = _task_of(config, architectures, explicit_task, source)
     _check_config(config, task, source)
     diff = {k: v for k, v in config.to_diff_dict().items() if k not in _DROP_KEYS}
@@ -313,7 +388,7 @@ def _capacity_factor(value: Any, config) -> float:
     """``capacity_factor`` of a mixture-of-experts spec: a positive finite number."""
     from autoplan.models.moe import hf_routing
 
-    if hf_routing(config) is None:
+    if hf_routing(text_config(config)) is None:
         raise ConfigError(f"{config.model_type} is not a mixture of experts",
                           field="model.config.capacity_factor")
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
@@ -332,11 +407,12 @@ def hf_config(spec: ModelSpec):
     """The transformers config object of ``spec``."""
     values = {k: v for k, v in spec.config.items() if k not in _SPEC_ONLY}
     config = _config(spec.name, values)
+    inner = text_config(config)
     if task_of(spec) == "causal-lm":
-        config.loss_type = "ForCausalLM"
+        config.loss_type = inner.loss_type = "ForCausalLM"
     factor = spec.config.get("capacity_factor")
-    # MoE: routing with static shapes (models/moe.py)
-    use_capacity_experts(config, 1.0 if factor is None else _capacity_factor(factor, config))
+    # MoE: routing with static shapes (models/moe.py), in the language model's config
+    use_capacity_experts(inner, 1.0 if factor is None else _capacity_factor(factor, inner))
     return config
 
 
@@ -370,6 +446,12 @@ def build(spec: ModelSpec) -> nn.Module:
     except KeyError as exc:
         raise ConfigError(f"model_type {spec.name!r} has no {task} class in transformers",
                           field="model.name") from exc
+    own = getattr(cls, "config_class", None)
+    if isinstance(own, type) and not isinstance(config, own) and \
+            isinstance(text_config(config), own):
+        # a composite type whose causal-LM class is its language model alone (Llama 4's
+        # Llama4ForCausalLM takes Llama4TextConfig): build that from the text config
+        config = text_config(config)
     mixin = _ImageLossForward if task == "image-classification" else _LossForward
     body = {} if mixin is _ImageLossForward else {
         "_takes_use_cache": "use_cache" in inspect.signature(cls.forward).parameters}
@@ -393,7 +475,7 @@ def max_seq_len(spec: ModelSpec) -> int | None:
     pad_token_id - 1`` tokens: 514 - 2 = 512 for RoBERTa-base."""
     if task_of(spec) == "image-classification":
         return None
-    config = hf_config(spec)
+    config = text_config(hf_config(spec))
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         value = config_value(config, key)
         if isinstance(value, int) and value > 0:
@@ -478,5 +560,6 @@ def example_batch(spec: ModelSpec, batch_size: int, seq_len: int | None,
     if device.type == "meta":
         ids = torch.empty(batch_size, s, dtype=torch.long, device=device)
     else:
-        ids = torch.randint(0, config.vocab_size, (batch_size, s), generator=gen).to(device)
+        vocab = int(text_config(config).vocab_size)
+        ids = torch.randint(0, vocab, (batch_size, s), generator=gen).to(device)
     return ids, ids
