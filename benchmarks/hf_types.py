@@ -6,14 +6,15 @@ transformers 5.24), a fresh process runs::
     autoplan plan hf:TYPE --set num_hidden_layers=2 --cluster dgx-a100 --nodes 2 \\
         --global-batch 32 -o PLAN.json
 
-(the type's default config, cut to two layers where the config takes that key, so that a
-row costs seconds) and the outcome is classified:
+(the type's default config, cut to two layers where the config takes that key -- for a
+composite vision- or audio-language config, its language model's -- so that a row costs
+seconds) and the outcome is classified:
 
 * **planned** (exit 0, a plan written);
 * **refused** (exit 2, autoplan's one-line ``error:``): a data-dependent op (an MoE router
   calling ``.item()``), a module looping over the sequence (``MAX_OPS_PER_CALL`` of
   ``autoplan/trace/capture.py``), a default config its own model class cannot build, a
-  composite (multimodal) config that takes no ``num_hidden_layers``, ...;
+  config whose layer count has another name (``num_layers``), ...;
 * **crashed** (any other exit status, or a traceback): a defect;
 * **timed out** (over ``--timeout`` seconds, 180 by default): a defect, the user sees a
   hang.
