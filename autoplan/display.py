@@ -21,7 +21,8 @@ from autoplan.placement import short
 from autoplan.plan import Plan, Prediction
 
 GB = 1e9
-TIME_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer")
+TIME_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer",
+              "runtime")
 
 
 def prediction_dict(pred: Prediction) -> dict[str, Any]:

@@ -191,11 +191,12 @@ class TimeBreakdown:
     pp_comm: float = 0.0               # stage-to-stage sends
     bubble: float = 0.0                # pipeline fill and drain
     optimizer: float = 0.0             # the optimizer step
+    runtime: float = 0.0               # GPU runtime overhead no term prices (cost/runtime.py)
 
     @property
     def total(self) -> float:
         return (self.compute + self.recompute + self.tp_comm + self.dp_comm + self.pp_comm
-                + self.bubble + self.optimizer)
+                + self.bubble + self.optimizer + self.runtime)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total": self.total}

@@ -15,7 +15,10 @@ paper's configuration and its throughput in the paper's own accounting. For each
    1.15x the terms of the step-time breakdown that make the difference are printed.
 
 Calibration, leave-one-source-out. One constant is fitted: a time scale k (the median over
-runs of t_published / t_predicted). "in-sample" applies k fitted on every run; "held-out"
+runs of t_published / t_modelled, t_modelled the predicted step less its ``runtime`` term).
+autoplan ships k - 1 as its GPU runtime overhead (:mod:`autoplan.cost.runtime`), so its
+predictions ("shipped") are the in-sample ones; the honest figures are the held-out ones.
+"raw" is t_modelled alone; "in-sample" applies k fitted on every run; "held-out"
 applies, to a source's runs, k fitted on the *other* sources only. The targets are on the
 held-out errors: median |error| <= 10% and max |error| <= 25% in every source. A row marked
 ``modelled: false`` (a runtime autoplan does not price, said in its ``approximations``) is
@@ -270,14 +273,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _spec_cfg(spec)
         paper, chosen, fits = price_paper(run, problem)
         t_pub = published_step(run, cfg)
-        t_pred = paper.prediction.step_time_s
+        t_pred = paper.prediction.step_time_s           # as autoplan predicts it (shipped)
+        # the physical terms alone (code before the runtime term has none)
+        t_model = t_pred - getattr(paper.prediction.time, "runtime", 0.0)
         row = {"id": run["id"], "source": run["source"], "gpus": run["gpus"],
                "device": problem.cluster.device.name, "config": paper.parallel.label(),
                "chosen": chosen, "fits": fits,
                "memory_gb": paper.prediction.memory.total / 1e9,
                "memory_limit_gb": paper.prediction.memory_limit_bytes / 1e9,
                "published": run["metric"], "published_step_s": t_pub,
-               "predicted_step_s": t_pred, "ratio": t_pub / t_pred,
+               "predicted_step_s": t_pred, "modelled_step_s": t_model,
+               "ratio": t_pub / t_model, "err_shipped": t_pub / t_pred - 1,
                "breakdown_s": paper.prediction.time.to_dict(),
                "memory_breakdown_gb": {k: v / 1e9 for k, v in
                                        paper.prediction.memory.to_dict().items()},
@@ -312,13 +318,14 @@ def main(argv: list[str] | None = None) -> int:
         b = before.get(r["id"])
         table.append([r["id"], r["gpus"], r["config"], "yes" if r["fits"] else "NO",
                       f"{100 * b:+.0f}%" if b is not None else "-",
-                      f"{100 * r['err_raw']:+.0f}%", f"{100 * r['err_in']:+.0f}%",
+                      f"{100 * r['err_raw']:+.0f}%", f"{100 * r['err_shipped']:+.0f}%",
+                      f"{100 * r['err_in']:+.0f}%",
                       f"{100 * r['err_out']:+.0f}%", r.get("planner", "-"),
                       f"{r['planner_speedup']:.2f}x" if "planner_speedup" in r else "-",
                       "; ".join(r.get("planner_terms", []))])
     print_table("Published runs: predicted throughput / published - 1 (step time of the "
                 "paper's configuration)",
-                ["run", "GPUs", "paper config", "fits", "before", "raw", "in-sample",
+                ["run", "GPUs", "paper config", "fits", "before", "raw", "shipped", "in-sample",
                  "held-out", "autoplan's plan", "its claim", "terms (paper -> plan)"], table)
     targets, per_source = [], []
     for src in sources:
@@ -328,16 +335,19 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(abs(r["err_out"]) for r in sel)
         worst = max(abs(r["err_out"]) for r in sel)
         med_in = statistics.median(abs(r["err_in"]) for r in sel)
+        med_ship = statistics.median(abs(r["err_shipped"]) for r in sel)
         med_b = [abs(before[r["id"]]) for r in sel if r["id"] in before]
         per_source.append([src, len(sel), f"{100 * statistics.median(med_b):.1f}%"
-                           if med_b else "-", f"{100 * med_in:.1f}%", f"{100 * med:.1f}%",
+                           if med_b else "-", f"{100 * med_ship:.1f}%", f"{100 * med_in:.1f}%",
+                           f"{100 * med:.1f}%",
                            f"{100 * worst:.1f}%", f"{sel[0]['k_out']:.3f}"])
         targets.append(target(f"{src}: held-out median |error|", "<= 0.10", round(med, 4),
                               med <= 0.10))
         targets.append(target(f"{src}: held-out max |error|", "<= 0.25", round(worst, 4),
                               worst <= 0.25))
     print_table("Per source (leave-one-source-out)",
-                ["source", "runs", "before median", "in-sample median", "held-out median",
+                ["source", "runs", "before median", "shipped median", "in-sample median",
+                 "held-out median",
                  "held-out max", "k fitted on the others"], per_source)
     targets.append(target("runs", ">= 30", len(rows), len(rows) >= 30))
     targets.append(target("sources", ">= 6", len({r['source'] for r in rows}),

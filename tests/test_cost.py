@@ -294,3 +294,25 @@ def test_the_last_stage_pays_its_input_boundary_in_the_step():
     paths = [c.work + c.send + r for c, r in zip(chunks, [0.0] + [c.send for c in chunks])]
     assert max(range(8), key=paths.__getitem__) == 7 and chunks[-1].send == 0.0
     assert pred.time.pp_comm == pytest.approx(64 * chunks[-2].send) and chunks[-2].send > 0
+
+
+# ---- the GPU runtime overhead (autoplan/cost/runtime.py) --------------------------------------
+
+def test_runtime_overhead_is_its_own_term_on_uncalibrated_gpus_only():
+    from autoplan.api import estimate
+    from autoplan.cost.runtime import RUNTIME_OVERHEAD, runtime_factor, runtime_seconds
+
+    assert runtime_seconds(10.0, gpu=True, calibrated=False) == pytest.approx(
+        10.0 * RUNTIME_OVERHEAD)
+    assert runtime_seconds(10.0, gpu=False, calibrated=False) == 0.0
+    assert runtime_seconds(10.0, gpu=True, calibrated=True) == 0.0
+    assert runtime_factor(gpu=True, calibrated=False) == 1 + RUNTIME_OVERHEAD
+    assert runtime_factor(gpu=False, calibrated=False) == 1.0
+    gpu = estimate("gpt-tiny", "dgx-a100", global_batch=16, dp=8)
+    t = gpu.prediction.time
+    modelled = t.total - t.runtime
+    assert t.runtime == pytest.approx(RUNTIME_OVERHEAD * modelled)
+    assert gpu.prediction.step_time_s == pytest.approx(t.total)
+    assert gpu.to_dict()["prediction"]["time"]["runtime"] == pytest.approx(t.runtime)
+    cpu = estimate("gpt-tiny", "local-cpu", global_batch=16, nodes=1, dp=4)
+    assert cpu.prediction.time.runtime == 0.0

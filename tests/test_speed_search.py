@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from autoplan.api import head_counts, prepare, runnable_space
+from autoplan.cost.runtime import RUNTIME_OVERHEAD
 from autoplan.planner.search.tables import INF, fastest_fitting, last_fitting
 from autoplan.planner.grid.uniform import SearchSpace, search_uniform
 
@@ -47,10 +48,12 @@ def test_step_lower_bound_bounds_every_step_time(problem):
     for cand in full.ranked:
         bound = est.step_lower_bound(cand.parallel)
         assert 0 < bound <= cand.prediction.step_time_s
-        # the bound is the pipeline term of the composed step: compute, TP, sends, bubble
+        # the bound is the pipeline term of the composed step (compute, TP, sends, bubble)
+        # times 1 + the GPU runtime overhead the step adds (autoplan/cost/runtime.py)
         t = cand.prediction.time
-        assert bound == pytest.approx(t.compute + t.recompute + t.tp_comm + t.pp_comm
-                                      + t.bubble, rel=1e-9)
+        assert bound == pytest.approx((t.compute + t.recompute + t.tp_comm + t.pp_comm
+                                       + t.bubble) * (1 + RUNTIME_OVERHEAD), rel=1e-9)
+        assert t.runtime == pytest.approx(RUNTIME_OVERHEAD * (t.total - t.runtime), rel=1e-9)
 
 
 def test_fastest_fitting_is_the_full_argmin():

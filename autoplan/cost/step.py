@@ -70,7 +70,9 @@ share of SMs NCCL's channels take from the compute they overlap. The collective 
 NCCL's (:mod:`autoplan.cost.comm`): a ring's latency grows with its ranks.
 
 **Optimizer**: ``ComputeModel.optimizer_time`` of the local parameters, sum_b psi_b
-(/ |g_b| under ZeRO >= 1). **Step**: T + max_d E_d + max_d optimizer_d.
+(/ |g_b| under ZeRO >= 1). **Step**: (T + max_d E_d + max_d optimizer_d)(1 + r), r the GPU
+runtime overhead no term prices, fitted on published runs (:mod:`autoplan.cost.runtime`:
+0.073 on an uncalibrated GPU cluster, else 0), shown as the breakdown's ``runtime``.
 
 **Memory** of rank d (:mod:`autoplan.cost.memory`): model states per bucket
 (``model_state_bytes(psi_b, dp=|g_b|, zero)``), activations ``in_flight(schedule, pp, d, m,
@@ -105,6 +107,7 @@ from autoplan.cost.memory import (PRECISION_BYTES, fragmentation_bytes, in_fligh
                                   model_state_bytes, runtime_bytes)
 from autoplan.cost.overlap import (DDP_BUCKET_BYTES, INTERFERENCE, bucketed_reduction,
                                    zero3_micro_batch)
+from autoplan.cost.runtime import runtime_seconds
 from autoplan.cost.shared_cores import SharedCores
 from autoplan.cost.tp_overlap import paid, paid_backward
 from autoplan.plan import MemoryBreakdown, Prediction, StageTime, TimeBreakdown
@@ -375,9 +378,11 @@ class StepModel:
         dp_comm = max(dp_exposed)
         optimizer = max(opt_time)
         step = pipeline + dp_comm + optimizer
+        runtime = runtime_seconds(step, gpu=self.gpu, calibrated=self.calibration is not None)
+        step += runtime
         time = TimeBreakdown(compute=compute, recompute=recompute, tp_comm=tp_comm,
                              dp_comm=dp_comm, pp_comm=pp_comm, bubble=bubble,
-                             optimizer=optimizer)
+                             optimizer=optimizer, runtime=runtime)
         if self.shared is not None:
             step, time = self._shared_cores(ranks, syncs, m, step)
         world = sum(cs[0].devices for cs in ranks)

@@ -150,7 +150,10 @@ def _timeline(plan: Plan, step: StepModel, figures: dict) -> Section:
             f"per data-parallel rank. Simulated pipeline time {step.pipeline_s:.4g} s, of "
             f"which {100 * idle / step.pipeline_s:.1f}% is idle (bubble) on the average rank; "
             f"then gradient synchronisation {step.dp_comm_s:.3g} s and the optimizer "
-            f"{step.optimizer_s:.3g} s: {step.step_s:.4g} s per step.")
+            f"{step.optimizer_s:.3g} s"
+            + (f", and {step.runtime_s:.3g} s of runtime overhead no term prices (a GPU "
+               "step's share fitted on published runs)" if step.runtime_s > 0 else "")
+            + f": {step.step_s:.4g} s per step.")
     if plan.prediction is not None:
         text += f" The plan's prediction: {plan.prediction.step_time_s:.4g} s."
     return Section("timeline", "Pipeline timeline of one step", text, figures["timeline"],

@@ -17,7 +17,7 @@ from autoplan.report.timing import ReportError, StageTiming
 
 #: Parts of a pipeline rank's step, in the order charts stack them.
 PARTS = ("forward", "backward", "recompute", "TP comm", "PP comm", "DP comm", "optimizer",
-         "idle (bubble)")
+         "runtime", "idle (bubble)")
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,11 @@ class StepModel:
     optimizer_s: float                 # optimizer step
     ranks: tuple[dict[str, float], ...]  # per pipeline rank: seconds per part of PARTS
     groups: tuple[tuple[int, ...], ...]  # per pipeline rank: its global ranks
+    runtime_s: float = 0.0             # GPU runtime overhead no term prices (cost/runtime.py)
 
     @property
     def step_s(self) -> float:
-        return self.pipeline_s + self.dp_comm_s + self.optimizer_s
+        return self.pipeline_s + self.dp_comm_s + self.optimizer_s + self.runtime_s
 
 
 def pipeline_groups(plan: Plan) -> list[tuple[int, ...]]:
@@ -63,6 +64,7 @@ def step_model(plan: Plan, timing: StageTiming) -> StepModel:
     t = plan.prediction.time if plan.prediction else None
     dp = t.dp_comm if t else 0.0
     opt = t.optimizer if t else 0.0
+    runtime = t.runtime if t else 0.0
     ranks = []
     for d in range(pp):
         cs = [timing.chunks[c] for c in range(d, n, pp)]
@@ -77,5 +79,6 @@ def step_model(plan: Plan, timing: StageTiming) -> StepModel:
         parts["idle (bubble)"] = max(0.0, pipeline - sum(parts.values()))
         parts["DP comm"] = dp
         parts["optimizer"] = opt
+        parts["runtime"] = runtime
         ranks.append({k: parts[k] for k in PARTS})
-    return StepModel(tuple(blocks), pipeline, dp, opt, tuple(ranks), tuple(groups))
+    return StepModel(tuple(blocks), pipeline, dp, opt, tuple(ranks), tuple(groups), runtime)

@@ -20,7 +20,7 @@ WIDTH_IN = 11.0
 PART_COLORS = {
     "forward": "#4c72b0", "backward": "#55a868", "recompute": "#c9e3c0",
     "TP comm": "#dd8452", "PP comm": "#8172b3", "DP comm": "#c44e52", "optimizer": "#937860",
-    "idle (bubble)": "#e5e5e5",
+    "runtime": "#b0b0b0", "idle (bubble)": "#e5e5e5",
 }
 #: Colours of the memory parts.
 MEMORY_COLORS = {"params": "#4c72b0", "grads": "#55a868", "optimizer": "#c44e52",

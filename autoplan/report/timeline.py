@@ -105,6 +105,9 @@ def _draw(fig: Figure, ax: Axes, step: StepModel, timing: StageTiming, ends: lis
     if step.optimizer_s > 0:
         _bars(ax, range(pp), [(e + step.dp_comm_s) * scale for e in ends],
               [step.optimizer_s * scale] * pp, facecolors=PART_COLORS["optimizer"])
+    if step.runtime_s > 0:
+        _bars(ax, range(pp), [(e + step.dp_comm_s + step.optimizer_s) * scale for e in ends],
+              [step.runtime_s * scale] * pp, facecolors=PART_COLORS["runtime"])
     ax.axvline(step.step_s * scale, color="black", linestyle="--", linewidth=1)
     ax.set_xlim(t0 * scale, t1 * scale)
     ax.set_yticks(range(pp), [f"rank {d} ({g[0]}–{g[-1]})" for d, g in enumerate(step.groups)],
@@ -141,4 +144,7 @@ def _legend(timing: StageTiming, step: StepModel, v: int) -> list[Patch]:
         handles.append(Patch(color=PART_COLORS["DP comm"], label="gradient sync (DP, exposed)"))
     if step.optimizer_s > 0:
         handles.append(Patch(color=PART_COLORS["optimizer"], label="optimizer step"))
+    if step.runtime_s > 0:
+        handles.append(Patch(color=PART_COLORS["runtime"],
+                             label="runtime overhead (fitted on published runs)"))
     return handles
