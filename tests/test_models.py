@@ -144,6 +144,22 @@ def test_hf_composite_config_takes_its_language_models_sizes():
         resolve("hf:gemma3", num_hidden_layers=0)
 
 
+def test_hf_per_layer_lists_follow_a_new_layer_count():
+    # Zamba's default config lists one block type per layer of its own 76: a new layer count
+    # keeps the first entries (cycled when it grows), unless the user gives the list too
+    two = resolve("hf:zamba", num_hidden_layers=2)
+    assert two.config["num_hidden_layers"] == 2
+    assert len(two.config["layers_block_type"]) == 2
+    import transformers
+    default = transformers.CONFIG_MAPPING["zamba"]().layers_block_type
+    assert two.config["layers_block_type"] == default[:2]
+    grown = resolve("hf:zamba", num_hidden_layers=80).config["layers_block_type"]
+    assert grown[:76] == default and grown[76:] == default[:4]
+    mine = [default[2], default[0], default[2]]          # a pattern of the user's own
+    assert resolve("hf:zamba", num_hidden_layers=3,
+                   layers_block_type=mine).config["layers_block_type"] == mine
+
+
 def test_hf_composite_type_whose_causal_lm_is_the_language_model_alone():
     # llama4's causal-LM class (Llama4ForCausalLM) takes the text config, not the composite
     spec = resolve("hf:llama4", num_hidden_layers=2, hidden_size=64, intermediate_size=128,

@@ -181,6 +181,35 @@ def _sub_defaults(sub, relayered: bool) -> dict[str, Any]:
     return out
 
 
+def _layer_count(overrides: dict[str, Any], model_type: str) -> int | None:
+    """The layer count ``overrides`` set, under its standard name or the config's alias."""
+    own = getattr(_transformers().CONFIG_MAPPING[model_type], "attribute_map", {})
+    for key in ("num_hidden_layers", own.get("num_hidden_layers")):
+        value = overrides.get(key) if key else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _follow_layer_count(base, values: dict[str, Any], layers: int,
+                        given: set[str]) -> dict[str, Any]:
+    """``values`` with the per-layer lists of the config ``base`` (one entry per layer of its
+    own count: Zamba's ``layers_block_type``, Gemma 3n's ``intermediate_size``) cut, or
+    cycled, to ``layers`` entries, unless the overrides (``given``) set them: a new layer
+    count keeps the pattern of the layers it keeps, and transformers refuses lists of the
+    old length."""
+    old = config_value(base, "num_hidden_layers")
+    if not isinstance(old, int) or old < 1 or old == layers:
+        return values
+    out = dict(values)
+    for key, value in base.to_dict().items():
+        if key in given or key in _DROP_KEYS or not isinstance(value, list) \
+                or len(value) != old:
+            continue
+        out[key] = [value[i % old] for i in range(layers)]
+    return out
+
+
 def _split_overrides(model_type: str, overrides: dict[str, Any], source: str
                      ) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
     """(top-level overrides, text sub-config key, overrides for it). A key the model type's
@@ -362,6 +391,10 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
             inner = _sub_defaults(getattr(_config(model_type, values, source=source), text_key),
                                   relayered="num_hidden_layers" in routed)
         merged[text_key] = {**inner, **routed}
+    layers = _layer_count(top, model_type)
+    if layers is not None:
+        merged = _follow_layer_count(_config(model_type, values, source=source), merged,
+                                     layers, set(top))
     config = _config(model_type, merged, source=source)
     task = _task_of(config, architectures, explicit_task, source)
     _check_config(config, task, source)
