@@ -144,6 +144,25 @@ def test_hf_composite_config_takes_its_language_models_sizes():
         resolve("hf:gemma3", num_hidden_layers=0)
 
 
+def test_hf_sub_config_sizes_and_nesting_are_checked(tmp_path):
+    # a composite's text_config builds as many layers as it says: bounded like the top level;
+    # a config nested past any real one is refused before transformers copies it recursively
+    with pytest.raises(ConfigError, match=r"model.config.text_config.num_hidden_layers': "
+                                          r"must be an integer in \[1, "):
+        resolve("hf:gemma3", text_config={"num_hidden_layers": 10 ** 9})
+    with pytest.raises(ConfigError, match=r"model.config.vision_config.hidden_size"):
+        resolve("hf:gemma3", vision_config={"hidden_size": -1})
+    deep = tmp_path / "config.json"
+    deep.write_text('{"model_type": "gemma3", "text_config": ' + '{"a": ' * 5000 + "1"
+                    + "}" * 5000 + "}")
+    with pytest.raises(ConfigError, match="nested deeper than 16 levels"):
+        resolve(f"hf:{deep}")
+    deep.write_text('{"model_type": "gemma3", "text_config": ' + '{"a": ' * 40 + "1"
+                    + "}" * 40 + "}")
+    with pytest.raises(ConfigError, match=r"field 'model.config.text_config.a.a.*nested"):
+        resolve(f"hf:{deep}")
+
+
 def test_hf_per_layer_lists_follow_a_new_layer_count():
     # Zamba's default config lists one block type per layer of its own 76: a new layer count
     # keeps the first entries (cycled when it grows), unless the user gives the list too

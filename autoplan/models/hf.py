@@ -94,9 +94,39 @@ def _config(model_type: str, values: dict[str, Any], *, source: str = "<hf>"):
                           field=f"model.config.{key}" if key else "model.config") from None
 
 
-def _check_sizes(config_class: type, values: dict[str, Any], source: str) -> None:
+#: How deep a config may nest mappings and lists (transformers' own configs: 3 levels, a
+#: composite's sub-config holding a rope-scaling dict); deeper is refused before transformers
+#: copies it recursively.
+MAX_NESTING = 16
+
+
+def _check_nesting(value: Any, source: str) -> None:
+    """``value`` nests mappings and lists at most :data:`MAX_NESTING` deep (a ConfigError
+    naming the first field too deep, not a RecursionError from deep inside a copy)."""
+    stack = [(value, "model.config", 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise ConfigError(f"nested deeper than {MAX_NESTING} levels", source=source,
+                              field=where[:200])
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}", depth + 1) for k, v in item.items())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+
+
+def _check_sizes(config_class: type, values: dict[str, Any], source: str,
+                 where: str = "model.config") -> None:
     """The size fields among ``values`` (under their standard names or the config's own,
-    e.g. GPT-2's ``n_layer``) are positive integers within bounds."""
+    e.g. GPT-2's ``n_layer``) are positive integers within bounds; so are those of a
+    sub-config given as a mapping (a composite config's ``text_config``: its layer count
+    builds that many layers)."""
+    subs = getattr(config_class, "sub_configs", {}) or {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            sub = subs.get(key)
+            _check_sizes(sub if isinstance(sub, type) else type(None), value, source,
+                         f"{where}.{key}")
     own = getattr(config_class, "attribute_map", {})     # standard name -> attribute
     for name, high in _SIZES.items():
         for key in dict.fromkeys((name, own.get(name, name))):
@@ -111,7 +141,7 @@ def _check_sizes(config_class: type, values: dict[str, Any], source: str) -> Non
                 shown = shown if len(shown) <= 80 else shown[:77] + "..."
                 raise ConfigError(f"must be an integer in [1, {high}] (or a list of them, one "
                                   f"per layer), got {shown}",
-                                  source=source, field=f"model.config.{key}")
+                                  source=source, field=f"{where}.{key}")
 
 
 def _modeling_reads(model_type: str, key: str) -> bool:
@@ -373,6 +403,10 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
         except (OSError, ValueError) as exc:      # unreadable, not UTF-8, not JSON
             raise ConfigError(f"cannot read a config: {' '.join(str(exc).split())}"[:300],
                               source=str(file)) from None
+        except RecursionError:                    # nested deeper than the parser recurses
+            raise ConfigError(f"cannot read a config: nested deeper than {MAX_NESTING} "
+                              "levels", source=str(file)) from None
+        _check_nesting(base, str(file))
         if not isinstance(base, dict):
             raise ConfigError(f"must be a JSON object, got {type(base).__name__}",
                               source=str(file))
@@ -383,6 +417,7 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
         values = {k: v for k, v in base.items() if k not in _DROP_KEYS}
     else:
         model_type, values = name_or_path, {}
+    _check_nesting(overrides, source)
     top, text_key, routed = _split_overrides(model_type, overrides, source)
     merged = {**values, **top}
     if routed:                      # a composite config: the text model's sizes
