@@ -132,6 +132,7 @@ def test_hf_composite_config_takes_its_language_models_sizes():
                    vocab_size=256)
     text = spec.config["text_config"]
     assert text["num_hidden_layers"] == 2 and text["vocab_size"] == 256
+    assert text["head_dim"] == 16 and "head_dim" not in spec.config
     assert "num_hidden_layers" not in spec.config
     from autoplan.models.hf import hf_config, text_config
     config = text_config(hf_config(spec))

@@ -44,12 +44,14 @@ import torch
 import torch.nn as nn
 
 from autoplan.errors import ConfigError
+from autoplan.models.hf_fields import (DROP_KEYS, MAX_NESTING, check_nesting,
+                                       follow_layer_count, known_keys, sub_defaults,
+                                       text_config, text_key)
 from autoplan.models.moe import config_value, use_capacity_experts
 from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, ModelSpec, guarded
 
 _ATTN = ("eager", "sdpa")
-_DROP_KEYS = ("transformers_version", "_name_or_path", "architectures", "id2label",
-              "label2id", "model_type")
+_DROP_KEYS = DROP_KEYS
 
 
 def _transformers():
@@ -92,27 +94,6 @@ def _config(model_type: str, values: dict[str, Any], *, source: str = "<hf>"):
                           f"{f' {values[key]!r}' if key in values else 's'}: {detail}"[:400],
                           source=source,
                           field=f"model.config.{key}" if key else "model.config") from None
-
-
-#: How deep a config may nest mappings and lists (transformers' own configs: 3 levels, a
-#: composite's sub-config holding a rope-scaling dict); deeper is refused before transformers
-#: copies it recursively.
-MAX_NESTING = 16
-
-
-def _check_nesting(value: Any, source: str) -> None:
-    """``value`` nests mappings and lists at most :data:`MAX_NESTING` deep (a ConfigError
-    naming the first field too deep, not a RecursionError from deep inside a copy)."""
-    stack = [(value, "model.config", 0)]
-    while stack:
-        item, where, depth = stack.pop()
-        if depth > MAX_NESTING:
-            raise ConfigError(f"nested deeper than {MAX_NESTING} levels", source=source,
-                              field=where[:200])
-        if isinstance(item, dict):
-            stack.extend((v, f"{where}.{k}", depth + 1) for k, v in item.items())
-        elif isinstance(item, (list, tuple)):
-            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
 
 
 def _check_sizes(config_class: type, values: dict[str, Any], source: str,
@@ -158,59 +139,6 @@ def _modeling_reads(model_type: str, key: str) -> bool:
     return f'getattr(config, "{key}"' in source or f"config.{key}" in source
 
 
-def _known_keys(config) -> set[str]:
-    """The fields a transformers config object accepts (with its ``attribute_map`` aliases)."""
-    import dataclasses
-
-    known = set(config.to_dict()) | set(getattr(config, "attribute_map", {}))
-    if dataclasses.is_dataclass(config):
-        known |= {f.name for f in dataclasses.fields(config)}
-    return known
-
-
-def text_config(config):
-    """The config of the language model inside ``config``: ``config`` itself, or for a
-    composite config (a vision- or audio-language model: Gemma 3, Llama 4, Mllama, Qwen3.5)
-    the sub-config transformers' ``get_text_config(decoder=True)`` names."""
-    getter = getattr(config, "get_text_config", None)
-    if getter is None:
-        return config
-    try:
-        return getter(decoder=True) or config
-    except Exception:  # noqa: BLE001 -- a config class whose lookup fails has no text part
-        return config
-
-
-def _text_key(config) -> str | None:
-    """The attribute of a composite ``config`` that holds its text config (``text_config``
-    for most, ``decoder`` for MusicGen), or None when the config is its own text config."""
-    inner = text_config(config)
-    if inner is config:
-        return None
-    for key in getattr(config, "sub_configs", {}) or {}:
-        if getattr(config, key, None) is inner:
-            return key
-    return None
-
-
-def _sub_defaults(sub, relayered: bool) -> dict[str, Any]:
-    """What a composite config's default sub-config sets beyond its own class's defaults
-    (its ``model_type`` always). With a new layer count, fields holding one entry per layer
-    (Gemma 3's ``layer_types``) are left to be derived again."""
-    try:
-        base = type(sub)().to_dict()
-    except Exception:  # noqa: BLE001 -- a class that cannot build bare: keep everything
-        base = {}
-    out = {"model_type": sub.model_type}
-    for key, value in sub.to_dict().items():
-        if key in _DROP_KEYS or base.get(key, object()) == value:
-            continue
-        if relayered and isinstance(value, (list, dict)):
-            continue
-        out[key] = value
-    return out
-
-
 def _layer_count(overrides: dict[str, Any], model_type: str) -> int | None:
     """The layer count ``overrides`` set, under its standard name or the config's alias."""
     own = getattr(_transformers().CONFIG_MAPPING[model_type], "attribute_map", {})
@@ -221,25 +149,6 @@ def _layer_count(overrides: dict[str, Any], model_type: str) -> int | None:
     return None
 
 
-def _follow_layer_count(base, values: dict[str, Any], layers: int,
-                        given: set[str]) -> dict[str, Any]:
-    """``values`` with the per-layer lists of the config ``base`` (one entry per layer of its
-    own count: Zamba's ``layers_block_type``, Gemma 3n's ``intermediate_size``) cut, or
-    cycled, to ``layers`` entries, unless the overrides (``given``) set them: a new layer
-    count keeps the pattern of the layers it keeps, and transformers refuses lists of the
-    old length."""
-    old = config_value(base, "num_hidden_layers")
-    if not isinstance(old, int) or old < 1 or old == layers:
-        return values
-    out = dict(values)
-    for key, value in base.to_dict().items():
-        if key in given or key in _DROP_KEYS or not isinstance(value, list) \
-                or len(value) != old:
-            continue
-        out[key] = [value[i % old] for i in range(layers)]
-    return out
-
-
 def _split_overrides(model_type: str, overrides: dict[str, Any], source: str
                      ) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
     """(top-level overrides, text sub-config key, overrides for it). A key the model type's
@@ -247,17 +156,14 @@ def _split_overrides(model_type: str, overrides: dict[str, Any], source: str
     whose layers live in ``text_config``) goes to that sub-config; a key neither has is an
     error naming the config class."""
     default = _config(model_type, {}, source=source)
-    known = _known_keys(default)
+    known = known_keys(default)
     unknown = sorted(set(overrides) - known)
-    key = _text_key(default) if unknown else None
-    inner_known = _known_keys(getattr(default, key)) if key else set()
-    if "head_dim" in unknown and (_modeling_reads(model_type, "head_dim")
-                                  or "head_dim" in inner_known):
-        unknown.remove("head_dim")       # read with a fallback (Qwen3-MoE): a real setting
-        if "head_dim" not in inner_known:
-            known.add("head_dim")
+    key = text_key(default) if unknown else None
+    inner_known = known_keys(getattr(default, key)) if key else set()
     routed = {k: overrides[k] for k in unknown if k in inner_known}
     unknown = [k for k in unknown if k not in routed]
+    if "head_dim" in unknown and _modeling_reads(model_type, "head_dim"):
+        unknown.remove("head_dim")       # read with a fallback (Qwen3-MoE): a real setting
     if "head_dim" in unknown:
         raise ConfigError(f"{model_type} has no head_dim field: it derives the head size as "
                           "hidden_size / num_attention_heads; set those instead",
@@ -406,7 +312,7 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
         except RecursionError:                    # nested deeper than the parser recurses
             raise ConfigError(f"cannot read a config: nested deeper than {MAX_NESTING} "
                               "levels", source=str(file)) from None
-        _check_nesting(base, str(file))
+        check_nesting(base, str(file))
         if not isinstance(base, dict):
             raise ConfigError(f"must be a JSON object, got {type(base).__name__}",
                               source=str(file))
@@ -417,19 +323,19 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
         values = {k: v for k, v in base.items() if k not in _DROP_KEYS}
     else:
         model_type, values = name_or_path, {}
-    _check_nesting(overrides, source)
-    top, text_key, routed = _split_overrides(model_type, overrides, source)
+    check_nesting(overrides, source)
+    top, sub_key, routed = _split_overrides(model_type, overrides, source)
     merged = {**values, **top}
     if routed:                      # a composite config: the text model's sizes
-        inner = merged.get(text_key)
+        inner = merged.get(sub_key)
         if not isinstance(inner, dict):
-            inner = _sub_defaults(getattr(_config(model_type, values, source=source), text_key),
-                                  relayered="num_hidden_layers" in routed)
-        merged[text_key] = {**inner, **routed}
+            inner = sub_defaults(getattr(_config(model_type, values, source=source), sub_key),
+                                 relayered="num_hidden_layers" in routed)
+        merged[sub_key] = {**inner, **routed}
     layers = _layer_count(top, model_type)
     if layers is not None:
-        merged = _follow_layer_count(_config(model_type, values, source=source), merged,
-                                     layers, set(top))
+        merged = follow_layer_count(_config(model_type, values, source=source), merged,
+                                    layers, set(top))
     config = _config(model_type, merged, source=source)
     task = _task_of(config, architectures, explicit_task, source)
     _check_config(config, task, source)
