@@ -34,15 +34,14 @@ from __future__ import annotations
 RUNTIME_OVERHEAD = 0.073
 
 
-def runtime_seconds(modelled_step_s: float, *, gpu: bool, calibrated: bool) -> float:
-    """Seconds the runtime adds to a step of ``modelled_step_s`` modelled seconds: 0 on CPU
-    or on a calibrated cluster, else ``RUNTIME_OVERHEAD`` of it."""
-    if not gpu or calibrated or modelled_step_s <= 0:
-        return 0.0
-    return RUNTIME_OVERHEAD * modelled_step_s
-
-
 def runtime_factor(*, gpu: bool, calibrated: bool) -> float:
-    """1 + the overhead :func:`runtime_seconds` adds: what a lower bound of the modelled step
-    is multiplied by to bound the predicted step (the planners' pruning)."""
+    """Predicted step / modelled step: 1 on CPU or on a calibrated cluster, else
+    1 + ``RUNTIME_OVERHEAD`` (also what a lower bound of the modelled step is multiplied by
+    to bound the predicted one: the grid's pruning)."""
     return 1.0 if not gpu or calibrated else 1.0 + RUNTIME_OVERHEAD
+
+
+def runtime_seconds(modelled_step_s: float, *, gpu: bool, calibrated: bool) -> float:
+    """Seconds the runtime adds to a step of ``modelled_step_s`` modelled seconds."""
+    factor = runtime_factor(gpu=gpu, calibrated=calibrated)
+    return (factor - 1.0) * max(modelled_step_s, 0.0)

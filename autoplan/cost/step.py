@@ -107,7 +107,7 @@ from autoplan.cost.memory import (PRECISION_BYTES, fragmentation_bytes, in_fligh
                                   model_state_bytes, runtime_bytes)
 from autoplan.cost.overlap import (DDP_BUCKET_BYTES, INTERFERENCE, bucketed_reduction,
                                    zero3_micro_batch)
-from autoplan.cost.runtime import runtime_seconds
+from autoplan.cost.runtime import runtime_factor
 from autoplan.cost.shared_cores import SharedCores
 from autoplan.cost.tp_overlap import paid, paid_backward
 from autoplan.plan import MemoryBreakdown, Prediction, StageTime, TimeBreakdown
@@ -252,6 +252,8 @@ class StepModel:
         self.calibration = calibration if calibration is not None and \
             not calibration.is_identity else None
         self._times: dict[tuple, float] = {}
+        #: predicted / modelled step: 1 + the GPU runtime overhead (:mod:`autoplan.cost.runtime`)
+        self.runtime_factor = runtime_factor(gpu=self.gpu, calibrated=self.calibration is not None)
 
     def _comm_time(self, collective: str, nbytes: float, group: Group) -> float:
         """``CommModel.time``, remembered (a grid asks for the same few many times)."""
@@ -378,7 +380,7 @@ class StepModel:
         dp_comm = max(dp_exposed)
         optimizer = max(opt_time)
         step = pipeline + dp_comm + optimizer
-        runtime = runtime_seconds(step, gpu=self.gpu, calibrated=self.calibration is not None)
+        runtime = (self.runtime_factor - 1.0) * step
         step += runtime
         time = TimeBreakdown(compute=compute, recompute=recompute, tp_comm=tp_comm,
                              dp_comm=dp_comm, pp_comm=pp_comm, bubble=bubble,

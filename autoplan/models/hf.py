@@ -149,13 +149,12 @@ def _layer_count(overrides: dict[str, Any], model_type: str) -> int | None:
     return None
 
 
-def _split_overrides(model_type: str, overrides: dict[str, Any], source: str
+def _split_overrides(model_type: str, default, overrides: dict[str, Any], source: str
                      ) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
-    """(top-level overrides, text sub-config key, overrides for it). A key the model type's
-    config lacks but its language model's config has (``num_hidden_layers`` of ``gemma3``,
-    whose layers live in ``text_config``) goes to that sub-config; a key neither has is an
-    error naming the config class."""
-    default = _config(model_type, {}, source=source)
+    """(top-level overrides, text sub-config key, overrides for it), against ``default``,
+    the model type's default config. A key that config lacks but its language model's config
+    has (``num_hidden_layers`` of ``gemma3``, whose layers live in ``text_config``) goes to
+    that sub-config; a key neither has is an error naming the config class."""
     known = known_keys(default)
     unknown = sorted(set(overrides) - known)
     key = text_key(default) if unknown else None
@@ -324,18 +323,21 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
     else:
         model_type, values = name_or_path, {}
     check_nesting(overrides, source)
-    top, sub_key, routed = _split_overrides(model_type, overrides, source)
+    default = _config(model_type, {}, source=source)
+    top, sub_key, routed = _split_overrides(model_type, default, overrides, source)
+    layers = _layer_count(top, model_type)
+    # the config the overrides change: the type's default, or the file's
+    base = default if not values or not (routed or layers) else \
+        _config(model_type, values, source=source)
     merged = {**values, **top}
     if routed:                      # a composite config: the text model's sizes
         inner = merged.get(sub_key)
         if not isinstance(inner, dict):
-            inner = sub_defaults(getattr(_config(model_type, values, source=source), sub_key),
+            inner = sub_defaults(getattr(base, sub_key),
                                  relayered="num_hidden_layers" in routed)
         merged[sub_key] = {**inner, **routed}
-    layers = _layer_count(top, model_type)
     if layers is not None:
-        merged = follow_layer_count(_config(model_type, values, source=source), merged,
-                                    layers, set(top))
+        merged = follow_layer_count(base, merged, layers, set(top))
     config = _config(model_type, merged, source=source)
     task = _task_of(config, architectures, explicit_task, source)
     _check_config(config, task, source)

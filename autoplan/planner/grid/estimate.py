@@ -47,7 +47,6 @@ from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
-from autoplan.cost.runtime import runtime_factor
 from autoplan.cost.recompute import attention_core, core_fwd_flops
 from autoplan.cost.tp_overlap import NO_OVERLAP, tp_gemm_nodes, tp_overlap
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
@@ -503,19 +502,18 @@ class Estimator:
             pipeline = sum_d T_d + (m - 1) max_d T_d          (v = 1)
             pipeline = m max_d T_d + (pp - 1) max_d T_d / v    (interleaved, v chunks)
 
-        (Narayanan et al. 2021, sec. 2.2), times 1 + the GPU runtime overhead
-        (:func:`autoplan.cost.runtime.runtime_factor`). The step adds the exposed
-        data-parallel time and the optimizer step, both >= 0, before that factor, so the
-        step is at least this bound where :attr:`exact_pipeline_bound` holds; the uniform planner prices exactly only configurations this bound cannot rule
-        out."""
+        (Narayanan et al. 2021, sec. 2.2), times the step model's ``runtime_factor`` (1 + the
+        GPU runtime overhead, :mod:`autoplan.cost.runtime`). The step adds the exposed
+        data-parallel time and the optimizer step, both >= 0, before that factor, so it is at
+        least this bound where :attr:`exact_pipeline_bound` holds; the uniform planner prices
+        exactly only configurations this bound cannot rule out."""
         total, slow = self._rank_times(p.tp, p.sequence_parallel, p.micro_batch,
                                        p.checkpoint, p.pp, p.virtual_stages,
                                        2 if self._pp_same_node(p) else 1, p.ep, p.cp,
                                        tp_overlap(p))
         m, v = p.num_micro_batches, p.virtual_stages
         pipeline = total + (m - 1) * slow if v == 1 else m * slow + (p.pp - 1) * slow / v
-        return pipeline * runtime_factor(gpu=self.step.gpu,
-                                         calibrated=self.step.calibration is not None)
+        return pipeline * self.step.runtime_factor
 
     @functools.lru_cache(maxsize=None)
     def _rank_times(self, tp: int, sp: bool, micro_batch: int, recompute: str, pp: int,
