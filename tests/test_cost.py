@@ -316,3 +316,49 @@ def test_runtime_overhead_is_its_own_term_on_uncalibrated_gpus_only():
     assert gpu.to_dict()["prediction"]["time"]["runtime"] == pytest.approx(t.runtime)
     cpu = estimate("gpt-tiny", "local-cpu", global_batch=16, nodes=1, dp=4)
     assert cpu.prediction.time.runtime == 0.0
+
+
+# ---- ZeRO-1/2: reduce-scatter the gradients, gather the updated parameters --------------------
+
+def test_sharded_optimizer_reduce_scatters_and_gathers_behind_the_forward():
+    """ZeRO-1 on 48 ranks one per node (the Megatron-Core 32B row's DP group): the gradients
+    are reduce-scattered in fp32 behind the backward and the bf16 parameters all-gathered
+    behind the next forward (the first unit's gather exposed), where ZeRO-0 all-reduces
+    fp32 gradients behind the backward alone (autoplan.cost.step, module docstring)."""
+    from autoplan.cost.comm import Group
+    from autoplan.cost.overlap import bucketed_reduction
+    from autoplan.cost.step import DDP_BUCKET_BYTES, REDUCE_BYTES, ChunkCost, ParamBucket
+    from autoplan.api import prepare
+    from autoplan.cluster import load_cluster
+    from autoplan.models.registry import resolve
+
+    est = prepare(resolve("gpt-tiny"), load_cluster("dgx-h100", nodes=48),
+                  global_batch=48, seq_len=64).estimator()
+    step = est.step
+    group = Group(size=48, ranks_per_node=1)
+    psi, units, fwd, bwd = 4e9, 49, 0.25, 0.5
+    bucket = ParamBucket(("dp",), psi, group)
+
+    def chunk(zero):
+        return ChunkCost(fwd, bwd, 0.0, 0.0, 0.0, 0.0, 0.0, False, (bucket,), 0.0, zero, 8,
+                         modules=units)
+
+    comm = step.comm
+    t_rs = comm.time("reduce_scatter", psi * REDUCE_BYTES, group)
+    t_ag = comm.time("all_gather", psi * 2, group)
+    t_ar = comm.time("all_reduce", psi * REDUCE_BYTES, group)
+    assert t_rs + t_ag < t_ar            # half of the traffic in bf16
+    reduce, gather, local = step._syncs([bucket], 1)
+    assert (reduce, gather, local) == (pytest.approx(t_rs), pytest.approx(t_ag),
+                                       pytest.approx(psi / 48))
+    e1 = step._dp_exposed([chunk(1)], [bucket], 1, 1, reduce, t_gather=gather)
+    last_rs = comm.time("reduce_scatter", DDP_BUCKET_BYTES, group)
+    first_ag = comm.time("all_gather", psi / units * 2, group)
+    assert e1 == pytest.approx(bucketed_reduction(t_rs, bwd, last_rs)
+                               + bucketed_reduction(t_ag, fwd, first_ag))
+    r0, g0, _ = step._syncs([bucket], 0)
+    assert g0 == 0.0 and r0 == pytest.approx(t_ar)
+    e0 = step._dp_exposed([chunk(0)], [bucket], 0, 1, r0)
+    assert e0 == pytest.approx(bucketed_reduction(
+        t_ar, bwd, comm.time("all_reduce", DDP_BUCKET_BYTES, group)))
+    assert e1 < e0                       # the gather hides behind the forward

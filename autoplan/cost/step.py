@@ -46,14 +46,24 @@ uniform plan; in a searched plan the mesh axes a parameter is replicated along w
 splits). Per rank d, with the Adam-state bytes (p, g, o) of the precision and R = 4 bytes
 per reduced gradient (fp32)::
 
-    A_d = sum_b all_reduce(R psi_b, g_b)                        once per step (ZeRO 0-2)
+    A_d = sum_b all_reduce(R psi_b, g_b)                        once per step (ZeRO-0)
+    A_d = sum_b reduce_scatter(R psi_b, g_b)                    once per step (ZeRO-1/2)
+    G_d = sum_b all_gather(p psi_b, g_b)                        once per step (ZeRO-1/2)
     E_d = A_last + x(A_d - A_last, sum_c t_b)                   buckets over the backward
+        + G_first + x(G_d - G_first, sum_c t_f)                 units over the forward (1/2)
     E_d = m z3(U, g, r, f, b)                                   ZeRO-3, per micro-batch
     x(C, W) = max(0, C - W) + INTERFERENCE min(C, W)
 
 (:mod:`autoplan.cost.overlap`): a reduction hides only behind the backward of the last
 micro-batch, and its last bucket (A_last: 25 MiB of gradients, PyTorch DDP's default) behind
-nothing. **ZeRO-2 over m > 1 micro-batches** keeps its gradients sharded only by reducing
+nothing. **ZeRO-1/2** shard the optimizer, so the gradients are reduce-scattered, not
+all-reduced (each rank steps its own shard), and the updated parameters are all-gathered
+back (Rajbhandari et al. 2020, sec. 5.1: 2 psi of traffic like DDP's all-reduce, but half
+of it in the parameters' dtype and after the step): autoplan's engine runs that all-gather
+as FSDP2's per-unit pre-forward gather of the next step, prefetched one unit ahead, and
+Megatron-LM's distributed optimizer with ``--overlap-param-gather`` overlaps it with the
+next forward the same way, so it hides behind the first micro-batch's forward except for the
+first unit's (G_first = all_gather(p psi_b / U)). **ZeRO-2 over m > 1 micro-batches** keeps its gradients sharded only by reducing
 them every micro-batch: without pipeline parallelism FSDP reduce-scatters after each
 backward and accumulates the shards (R_d = sum_b reduce_scatter(R psi_b, g_b);
 E_d = m (R_last + x(R_d - R_last, sum_c t_b))); under pipeline parallelism the schedule
@@ -123,6 +133,14 @@ def reductions_per_step(zero: int, m: int, pipelined: bool) -> int:
     """Gradient reductions a data-parallel rank runs per step (module docstring): m
     reduce-scatters for ZeRO-2 over m > 1 micro-batches without a pipeline, else one."""
     return m if zero == 2 and m > 1 and not pipelined else 1
+
+
+def _reduction(zero: int, reps: int) -> str:
+    """The gradient collective of A_d: an all-reduce under ZeRO-0 (every rank steps every
+    parameter), a reduce-scatter under ZeRO-1/2 (the optimizer is sharded) or when reducing
+    every micro-batch. (Under ZeRO-3 A_d only enters the shared-cores total, as one
+    all-reduce per step; its GPU price is the per-unit pattern of ``zero3_micro_batch``.)"""
+    return "reduce_scatter" if zero in (1, 2) or reps > 1 else "all_reduce"
 
 
 def memory_zero(zero: int, m: int, pipelined: bool) -> int:
@@ -267,21 +285,23 @@ class StepModel:
     def _syncs(self, buckets: Sequence[ParamBucket], zero: int, m: int = 1,
                pipelined: bool = False) -> tuple[float, float, float]:
         """(A_d, G_d, local parameters the optimizer steps) of the module docstring; A_d is
-        m R_d for ZeRO-2 over m > 1 micro-batches without a pipeline."""
+        m R_d for ZeRO-2 over m > 1 micro-batches without a pipeline; G_d is one gather of
+        the rank's parameters (ZeRO >= 1; ZeRO-3 gathers it twice per micro-batch)."""
         reps = reductions_per_step(zero, m, pipelined)
-        reduce = "all_reduce" if reps == 1 else "reduce_scatter"
+        reduce = _reduction(zero, reps)
         t_reduce = t_gather = local = 0.0
         for b in buckets:
             if b.group.size > 1 and b.count > 0:
                 t_reduce += reps * self._comm_time(reduce, b.count * REDUCE_BYTES, b.group)
-                if zero == 3:
+                if zero >= 1:
                     t_gather += self._comm_time("all_gather", b.count * self.param_bytes,
                                                 b.group)
             local += b.count / b.group.size if zero >= 1 else b.count
         return t_reduce, t_gather, local
 
     def _dp_exposed(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket],
-                    zero: int, m: int, t_reduce: float, pipelined: bool = False) -> float:
+                    zero: int, m: int, t_reduce: float, pipelined: bool = False,
+                    t_gather: float = 0.0) -> float:
         """E_d: exposed data-parallel seconds of one pipeline rank (module docstring).
 
         ZeRO 0-2: the step's gradient reduction in buckets over the last micro-batch's
@@ -295,13 +315,18 @@ class StepModel:
         if not synced:
             return 0.0
         bwd = sum(c.bwd for c in chunks)
+        units = max(1, sum(c.modules for c in chunks))
         if zero < 3:                  # reps reductions, each over one micro-batch's backward
             reps = reductions_per_step(zero, m, pipelined)
-            reduce = "all_reduce" if reps == 1 else "reduce_scatter"
+            reduce = _reduction(zero, reps)
             last = sum(self.comm.time(reduce, min(b.count * REDUCE_BYTES, DDP_BUCKET_BYTES),
                                       b.group) for b in synced)
-            return reps * bucketed_reduction(t_reduce / reps, bwd, last)
-        units = max(1, sum(c.modules for c in chunks))
+            exposed = reps * bucketed_reduction(t_reduce / reps, bwd, last)
+            if zero >= 1:             # the updated parameters, gathered unit by unit
+                first = sum(self.comm.time("all_gather", b.count / units * self.param_bytes,
+                                           b.group) for b in synced)
+                exposed += bucketed_reduction(t_gather, sum(c.fwd for c in chunks), first)
+            return exposed
         gather = sum(self.comm.time("all_gather", b.count / units * self.param_bytes, b.group)
                      for b in synced)
         scatter = sum(self.comm.time("reduce_scatter", b.count / units * REDUCE_BYTES, b.group)
@@ -371,7 +396,8 @@ class StepModel:
             zero = cs[0].zero
             buckets = _merge([b for c in cs for b in c.buckets])
             t_reduce, t_gather, local = self._syncs(buckets, zero, m, pp > 1)
-            dp_exposed.append(self._dp_exposed(cs, buckets, zero, m, t_reduce, pp > 1))
+            dp_exposed.append(self._dp_exposed(cs, buckets, zero, m, t_reduce, pp > 1,
+                                               t_gather))
             opt_time.append(self.compute.optimizer_time(local))
             syncs.append((t_reduce, t_gather, local))
             in_flight = in_flight_micro_batches(work.schedule, pp, d, m, v)
@@ -420,7 +446,7 @@ class StepModel:
                 w["dp_comm"] += m * sum(c.modules for c in cs) * sh.dp_module_overhead_s \
                     / sh.share
                 w["dp_comm"] += t_reduce
-                w["dp_comm"] += m * 2 * t_gather
+                w["dp_comm"] += (m * 2 if cs[0].zero == 3 else 1) * t_gather
             w["optimizer"] = sh.optimizer_scale * self.compute.optimizer_time(local)
             work.append((cs[0].devices, w))
         sizes = {n for n, _ in work}

@@ -464,6 +464,13 @@ def _sum_last(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _hinge(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Seconds a collective adds beside ``window`` seconds of compute (cost.overlap's
+    x(C, W) without the last bucket)."""
+    return np.where(comm > 0, np.maximum(comm - (1 - OVERLAP_COST) * window,
+                                         OVERLAP_COST * comm), 0.0)
+
+
 def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCosts:
     """:class:`RangeCosts` of ``base`` at ZeRO stage ``zero`` with ``m`` micro-batches.
     ZeRO-2 over m > 1 micro-batches as :mod:`autoplan.cost.step` prices it: a range that is
@@ -471,17 +478,21 @@ def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCost
     sharded; a pipeline stage accumulates them unsharded and reduces once (ZeRO-1)."""
     sync, ps, div, synced = base.sync, base.ps, base.div, base.synced
     memo = base.memo               # the terms shared by the ZeRO stages, computed once
-    if "sync" not in memo:
-        memo["sync"] = np.where(sync > 0, np.maximum(sync - (1 - OVERLAP_COST) * base.bwd,
-                                                     OVERLAP_COST * sync), 0.0)
-    u = memo["sync"]
+    if zero in (1, 2):             # sharded optimizer: reduce-scatter, gather back
+        if "scatter" not in memo:  # (cost.step: the gather hides behind the forward)
+            memo["scatter"] = _hinge(base.scatter, base.bwd)
+            memo["regather"] = _hinge(base.gather, base.fb - base.bwd)
+        u = memo["scatter"]
+    else:
+        if "sync" not in memo:
+            memo["sync"] = _hinge(sync, base.bwd)
+        u = memo["sync"]
     # a range that is the whole model runs as one stage, any other as a pipeline stage
     reps = reductions_per_step(zero, m, pipelined=False)
     if reps > 1:                    # reduce-scatters over every micro-batch's backward
-        sc = base.scatter
-        per_mb = np.where(sc > 0, np.maximum(sc - (1 - OVERLAP_COST) * base.bwd,
-                                             OVERLAP_COST * sc), 0.0)
-        u = np.where(base.whole, reps * per_mb, u)
+        u = np.where(base.whole, reps * memo["scatter"], u)
+    if zero in (1, 2):
+        u = u + memo["regather"]
     grads_div = np.where(base.whole[:, None],
                          div if memory_zero(zero, m, pipelined=False) >= 2 else 1.0,
                          div if memory_zero(zero, m, pipelined=True) >= 2 else 1.0)
