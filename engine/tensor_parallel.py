@@ -26,9 +26,13 @@ With sequence parallelism the residual stream between blocks is the local shard
   (its weight becomes a replicated DTensor whose partial gradients DTensor reduces);
 * ``blocks.i.attn`` and ``blocks.i.mlp`` get ``PrepareModuleInput(Shard(1) -> Replicate())``:
   one all-gather before q/k/v (gate/up, fc1), matching the row-parallel reduce-scatter after;
-* the embeddings stay replicated (the learned position table is added to full sequences), and
-  the first block of the stage holding ``<pre>`` slices its input: ``Replicate -> Shard(1)``
-  (no communication forward, an all-gather of the gradient backward);
+* the embeddings stay replicated (the learned position table is added to full sequences),
+  and the residual stream is sliced where it leaves them: ``Replicate -> Shard(1)`` (no
+  communication forward, an all-gather of the gradient backward) on the input of the
+  embedding dropout (``TPLayout.embedding_dropout``, the built-in GPT's ``drop``), so that
+  the dropout and its mask run on the sequence shard as in Megatron-LM (its embedding
+  scatters to the sequence-parallel region before its dropout), else on the input of the
+  first block of the stage holding ``<pre>``;
 * a replicated head gets ``PrepareModuleInput(Shard(1) -> Replicate())``.
 
 Module names above are the built-in GPT's; a chunk with a ``tp_layout`` attribute
@@ -66,17 +70,20 @@ class TPLayout:
 
     ``mixers`` are each block's token/channel mixers whose linears are sharded (attention,
     MLP), with the keyword under which the block passes them the residual stream (``None``:
-    the first positional argument). The defaults are the built-in GPT's names; Hugging Face
-    architectures give their own (:mod:`engine.hf_arch`).
+    the first positional argument). The defaults are the built-in GPT's names
+    (:data:`GPT_LAYOUT` adds its embedding dropout, ``drop``); Hugging Face architectures
+    give their own (:mod:`engine.hf_arch`).
     """
 
     blocks: str = "blocks"                 # the block container (keys "0".."L-1")
     mixers: tuple[tuple[str, str | None], ...] = (("attn", None), ("mlp", None))
     head: str = "head"                     # the LM head (nn.Linear)
     embedding: str = "tok_emb"             # the token embedding (present on the first stage)
+    embedding_dropout: str | None = None   # a dropout between the embeddings and the blocks
 
 
-GPT_LAYOUT = TPLayout()
+GPT_LAYOUT = TPLayout(embedding_dropout="drop")
+
 
 
 def parse_placement(text: str, where: str) -> Shard | Replicate:
@@ -150,9 +157,10 @@ def tp_plan(chunk: nn.Module, placements: dict[str, dict[str, str]], *,
                 plan[f"{layout.blocks}.{key}.{sub}"] = style
         if _has(chunk, layout.embedding) and len(blocks):
             first = next(iter(blocks.keys()))
-            plan[f"{layout.blocks}.{first}"] = PrepareModuleInput(
-                input_layouts=(Replicate(),), desired_input_layouts=(seq,),
-                use_local_output=True)
+            at = (layout.embedding_dropout if layout.embedding_dropout
+                  and _has(chunk, layout.embedding_dropout) else f"{layout.blocks}.{first}")
+            plan[at] = PrepareModuleInput(input_layouts=(Replicate(),),
+                                          desired_input_layouts=(seq,), use_local_output=True)
     return plan
 
 

@@ -195,3 +195,30 @@ def test_the_solver_weighs_states_without_the_allocator_reserve():
         assert (w * states + acts <= budget) == \
             (states + (1 + FRAGMENTATION) * acts <= limit - runtime_bytes(3))
     assert w * 40.6 * GB + 39.4 * GB <= budget < 40.6 * GB + 39.4 * GB
+
+
+def test_embedding_dropout_masks_are_sequence_sharded_under_sp():
+    """Under sequence parallelism the engine slices the residual stream before the embedding
+    dropout (Megatron-LM's order, engine.tensor_parallel), so that layer's only activation,
+    the dropout mask, is kept 1/tp per rank; without SP it is kept whole."""
+    from autoplan.api import prepare
+    from autoplan.models.registry import resolve
+
+    est = prepare(resolve("gpt-tiny", dropout=0.1), "dgx-a100", nodes=1,
+                  global_batch=8).estimator()
+    pre = est.graph.layers[0]
+    assert pre.name == "<pre>" and est._masks_only == {0}
+    nodes = [est.graph.nodes[k] for k in pre.nodes]
+    mask = sum(n.output_meta[1].nbytes for n in nodes if "native_dropout" in n.op)
+    fixed = est._stats[0][1]
+    assert mask > 0
+
+    def act(sp):
+        return est._layer_terms(0, 2, sp, est.b0, "none", 1, 1, False)[11] - fixed
+
+    assert act(False) == pytest.approx(mask)
+    assert act(True) == pytest.approx(mask / 2)
+    # without dropout nothing is kept there, and the blocks are unaffected
+    plain = prepare(resolve("gpt-tiny"), "dgx-a100", nodes=1, global_batch=8).estimator()
+    assert plain._layer_terms(0, 2, True, plain.b0, "none", 1, 1, False)[11] \
+        == pytest.approx(plain._stats[0][1])

@@ -55,8 +55,11 @@ def test_tp_plan_with_sequence_parallelism():
     assert isinstance(styles["blocks.2.norm1"], SequenceParallel)
     assert isinstance(styles["norm"], SequenceParallel)
     assert isinstance(styles["blocks.2.mlp"], PrepareModuleInput)       # one all-gather
-    first = styles["blocks.0"]                                          # Replicate -> Shard(1)
+    # the residual stream is sliced before the embedding dropout (Megatron-LM's order), so
+    # the dropout's mask is sequence-sharded too; the first block gets the shard as it is
+    first = styles["drop"]                                              # Replicate -> Shard(1)
     assert first.input_layouts == (Replicate(),) and first.desired_input_layouts == (Shard(1),)
+    assert "blocks.0" not in styles
     assert styles["head"].input_layouts == (Shard(1),)                 # vocab-parallel head
     replicated_head = dict(plan.param_placements, **{"head.weight": {"tp": "Replicate()"}})
     styles = tp_plan(chunk, replicated_head, sequence_parallel=True)

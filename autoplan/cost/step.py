@@ -95,7 +95,7 @@ next layer gathered). The prediction's memory is the rank that needs the most.
 by the work of all ranks over the cores::
 
     W_d  = m sum_c (t_f + t_b + r t_f + a + cpu_tp_f + cpu_tp_b + r cpu_tp_f + 2 s_c)
-           + [DP] (m modules_d dp_module_overhead / s + A_d + 2 m G_d)
+           + [DP] (m modules_d dp_module_overhead / s + A_d + 2 m G_d)   (gloo: _shared_syncs)
            + optimizer_scale optimizer_d
     T'   = max(mean over devices of W_d, s * (T + max E + max optimizer))
 
@@ -299,6 +299,27 @@ class StepModel:
             local += b.count / b.group.size if zero >= 1 else b.count
         return t_reduce, t_gather, local
 
+    def _shared_syncs(self, buckets: Sequence[ParamBucket], zero: int, m: int,
+                      pipelined: bool, local: float) -> tuple[float, float, float]:
+        """(A_d, G_d, local) for ranks sharing CPU cores: the gradient reduction priced as
+        one all-reduce per step (m reduce-scatters for ZeRO-2 over m > 1 micro-batches
+        without a pipeline), ZeRO-3's gather per unit; no separate ZeRO-1/2 gather. That is
+        what the measured runs rank right: on gloo the link profile prices a reduce-scatter
+        plus an all-gather at twice the all-reduce (34 MB on 4 ranks: 53 + 30 ms against 41
+        ms), yet ZeRO-1 measured no slower than ZeRO-0 (``benchmarks/cost_model_accuracy.py``,
+        2026-11-28: 0.67 s against 0.78 s a step; priced as reduce-scatter + gather the rank
+        correlation fell from 0.96 to 0.93 and the median error rose from 7% to 12%)."""
+        reps = reductions_per_step(zero, m, pipelined)
+        reduce = "all_reduce" if reps == 1 else "reduce_scatter"
+        t_reduce = t_gather = 0.0
+        for b in buckets:
+            if b.group.size > 1 and b.count > 0:
+                t_reduce += reps * self._comm_time(reduce, b.count * REDUCE_BYTES, b.group)
+                if zero == 3:
+                    t_gather += self._comm_time("all_gather", b.count * self.param_bytes,
+                                                b.group)
+        return t_reduce, t_gather, local
+
     def _dp_exposed(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket],
                     zero: int, m: int, t_reduce: float, pipelined: bool = False,
                     t_gather: float = 0.0) -> float:
@@ -307,7 +328,8 @@ class StepModel:
         ZeRO 0-2: the step's gradient reduction in buckets over the last micro-batch's
         backward (:func:`autoplan.cost.overlap.bucketed_reduction`); ZeRO-2 over m > 1
         micro-batches without a pipeline: a reduce-scatter so over every micro-batch's
-        backward (module docstring). ZeRO-3: per micro-batch,
+        backward; ZeRO-1/2 add the parameters' all-gather (``t_gather``) in units over the
+        first micro-batch's forward (module docstring). ZeRO-3: per micro-batch,
         the per-unit all-gathers (forward and backward) and reduce-scatters of
         :func:`autoplan.cost.overlap.zero3_micro_batch`, the rank's chunks' units (FSDP's
         wrapped modules: ``ChunkCost.modules``) sharing its parameters and compute equally."""
@@ -399,7 +421,8 @@ class StepModel:
             dp_exposed.append(self._dp_exposed(cs, buckets, zero, m, t_reduce, pp > 1,
                                                t_gather))
             opt_time.append(self.compute.optimizer_time(local))
-            syncs.append((t_reduce, t_gather, local))
+            if self.shared is not None:
+                syncs.append(self._shared_syncs(buckets, zero, m, pp > 1, local))
             in_flight = in_flight_micro_batches(work.schedule, pp, d, m, v)
             per_rank.append(self._memory(cs, buckets, in_flight, memory_zero(zero, m, pp > 1),
                                          pp > 1))
@@ -446,7 +469,7 @@ class StepModel:
                 w["dp_comm"] += m * sum(c.modules for c in cs) * sh.dp_module_overhead_s \
                     / sh.share
                 w["dp_comm"] += t_reduce
-                w["dp_comm"] += (m * 2 if cs[0].zero == 3 else 1) * t_gather
+                w["dp_comm"] += m * 2 * t_gather
             w["optimizer"] = sh.optimizer_scale * self.compute.optimizer_time(local)
             work.append((cs[0].devices, w))
         sizes = {n for n, _ in work}

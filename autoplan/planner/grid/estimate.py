@@ -27,12 +27,11 @@ Memory per chunk: model states of its parameters (TP sharding of column/row para
 activations (:func:`~autoplan.cost.memory.activation_bytes`) and, under recomputation, one
 layer's full activations during its backward (under selective recomputation its attention
 matrices: :func:`~autoplan.cost.memory.selective_peak_bytes`); under ZeRO-3 the largest
-layer's gathered parameters. Recomputation modes and their sources:
-:mod:`autoplan.cost.recompute`; TP-communication overlap: :mod:`autoplan.cost.tp_overlap`.
+layer's gathered parameters. Recomputation: :mod:`autoplan.cost.recompute`; TP overlap:
+:mod:`autoplan.cost.tp_overlap`. Under SP the embedding dropout's masks are sharded too.
 
-On ranks sharing CPU cores (:mod:`autoplan.cost.shared_cores`) each chunk also carries its
-TP collectives as the engine's DTensor TP issues them: one all-reduce per sharded matmul,
-each of its own bytes, plus DTensor's per-matmul work.
+On ranks sharing CPU cores (:mod:`autoplan.cost.shared_cores`) each chunk also carries its TP
+collectives as DTensor issues them: an all-reduce per sharded matmul, plus per-matmul work.
 """
 
 from __future__ import annotations
@@ -229,6 +228,14 @@ class Estimator:
             out.append((st, float(fixed)))
         return out
 
+    @functools.cached_property
+    def _masks_only(self) -> frozenset[int]:
+        """Layers before the first block keeping only dropout masks: sequence-sharded under SP
+        (the engine slices before the embedding dropout, :mod:`engine.tensor_parallel`)."""
+        n = self.graph.nodes
+        return frozenset(l.index for l in self.graph.layers[:self._first_block] if all(
+            "native_dropout" in n[k].op for k in l.nodes if n[k].saved_bytes and self._batchy[k][1]))
+
     def _sequence_sharded(self, index: int, sp: bool) -> bool:
         """Does layer ``index`` run sequence-sharded? Under sequence parallelism every layer
         from the first block on; the embeddings before it stay replicated (as the engine
@@ -381,13 +388,14 @@ class Estimator:
         ckpt = recompute == "full" and block
         selective = recompute == "selective" and block
         grown, fixed = self._stats[i]
-        full = activation_bytes(grown, tp=tp, sequence_parallel=sp_l, checkpoint=False,
+        sp_m = sp_l or (sp and i in self._masks_only)    # its activations sequence-sharded
+        full = activation_bytes(grown, tp=tp, sequence_parallel=sp_m, checkpoint=False,
                                 micro_batch_scale=tok,
                                 flash_attention=self.flash_attention) + fixed + kv_extra
         core = peak = None
         if selective:            # the attention core recomputed: its matrices not kept
             core = core_f / cp
-            act = activation_bytes(grown, tp=tp, sequence_parallel=sp_l,
+            act = activation_bytes(grown, tp=tp, sequence_parallel=sp_m,
                                    micro_batch_scale=tok, selective=True,
                                    flash_attention=self.flash_attention) + fixed + kv_extra
             peak = selective_peak_bytes(grown, tp=tp, micro_batch_scale=tok,
@@ -573,8 +581,7 @@ class Estimator:
 
 
 def _is_block(layer_name: str) -> bool:
-    """Blocks are the named layers; "<pre>" and "<post>" are not."""
-    return not layer_name.startswith("<")
+    return not layer_name.startswith("<")        # blocks are named; "<pre>", "<post>" not
 
 
 def fits(pred: Prediction) -> bool:
