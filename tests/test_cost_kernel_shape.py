@@ -126,6 +126,29 @@ def test_causal_attention_does_half_the_traced_flops():
     assert fv == pytest.approx(causal.fwd_flops / (125e12 * e.attention) + e.kernel_overhead_s)
 
 
+
+def test_attention_on_a_lower_peak_part_of_the_family_scales_with_its_peak():
+    """The table was measured on the SXM part; an H100 at a 500 W limit (the Grand Teton
+    cluster file: 912 of 989 TFLOP/s) runs the same kernel 912/989 as fast; a part at the
+    reference peak (H200: the same die) is unchanged."""
+    from pathlib import Path
+
+    from autoplan.cluster import load_cluster
+    from autoplan.cost.kernel_shape import FA2_REFERENCE_PEAK_TFLOPS
+
+    root = Path(__file__).resolve().parents[1]
+    gt = load_cluster(root / "benchmarks/data/clusters/grand-teton-h100.yaml").device
+    assert gt.peak_flops("bfloat16") == 912e12 and FA2_REFERENCE_PEAK_TFLOPS["hopper"] == 989
+    causal = sdpa(1, 16, 8192, 128, True)
+    eff = default_efficiency(gt)
+    t_gt = sum(ComputeModel(gt, "bfloat16").op_time(causal)) - 2 * eff.kernel_overhead_s
+    t_sxm = sum(ComputeModel(load_device("h100-sxm"), "bfloat16").op_time(causal)) \
+        - 2 * eff.kernel_overhead_s
+    assert t_gt == pytest.approx(t_sxm * 989 / 912, rel=1e-9)
+    t_h200 = sum(ComputeModel(load_device("h200-sxm"), "bfloat16").op_time(causal)) \
+        - 2 * eff.kernel_overhead_s
+    assert t_h200 == pytest.approx(t_sxm, rel=1e-9)
+
 # ---- fp16 mixed precision -------------------------------------------------------------------
 def test_fp16_is_the_v100_default_and_bf16_is_refused_there():
     v100 = load_cluster("dgx-v100")

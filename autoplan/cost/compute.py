@@ -43,7 +43,9 @@ numbers, never tuned per model:
 * ``attention`` -- fused (flash) attention kernels. Where FlashAttention-2 published forward
   + backward throughput by sequence length and head dimension (A100, H100: Dao 2023, arXiv
   2307.08691; :func:`autoplan.cost.kernel_shape.attention_tflops`) the rate is that figure
-  times the sustained-clock factor (``clock``) on the FLOPs the kernel does (half the traced
+  times the sustained-clock factor (``clock``), and times the device's tensor peak over the
+  measured part's where it is lower (``FA2_REFERENCE_PEAK_TFLOPS``: a power-limited or NVL
+  part of the family), on the FLOPs the kernel does (half the traced
   FLOPs under a causal mask, ``OpNode.causal``); the ``attention`` constant is the fallback
   for other devices and dtypes: ampere 0.50 (FA2, A100, 2k tokens, causal, head dim 128:
   155 of 312 TFLOP/s), hopper 0.28 (FlashAttention-3, Shah et al. 2024, arXiv 2407.08608,
@@ -88,8 +90,8 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from autoplan.cluster import DeviceSpec, canonical_dtype
-from autoplan.cost.kernel_shape import (SMS, attention_tflops, gemm_backward_factor,
-                                        gemm_factor)
+from autoplan.cost.kernel_shape import (FA2_REFERENCE_PEAK_TFLOPS, SMS, attention_tflops,
+                                        gemm_backward_factor, gemm_factor)
 from autoplan.graph import DTYPE_BYTES, Layer, OpGraph, OpNode
 
 #: Bytes the optimizer step moves per parameter (mixed-precision Adam: read fp32 master,
@@ -381,7 +383,9 @@ class ComputeModel:
             causal = bool(getattr(node, "causal", False))
             tflops = attention_tflops(eff.attention_family, q[-2], q[-1], causal)
             if tflops is not None:
-                return min(tflops * 1e12 * eff.clock, self.peak), 0.5 if causal else 1.0
+                ref = FA2_REFERENCE_PEAK_TFLOPS.get(eff.attention_family)
+                part = min(1.0, self.peak / (ref * 1e12)) if ref else 1.0
+                return min(tflops * 1e12 * eff.clock * part, self.peak), 0.5 if causal else 1.0
         return self.peak * eff.attention_or_matmul, 1.0
 
     def op_time_at(self, node: OpNode, graph: OpGraph, tp: int = 1,

@@ -63,6 +63,11 @@ GEMM_K0 = 128.0
 SMS: Mapping[str, int] = MappingProxyType({"ampere": 108, "hopper": 132, "volta": 80})
 
 _SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+#: Dense bf16 tensor peak (TFLOP/s) of the part each family's table was measured on (A100 80GB
+#: SXM4, H100 80GB SXM5): a part of the same family with a lower peak (a lower clock or power
+#: limit: H100 NVL, a 500 W H100) runs the kernel that much slower.
+FA2_REFERENCE_PEAK_TFLOPS: Mapping[str, float] = MappingProxyType({"ampere": 312.0,
+                                                                   "hopper": 989.0})
 #: FlashAttention-2 forward + backward TFLOP/s, read off Dao 2023 Fig. 4 / 5-6 (module
 #: docstring): {family: {(head_dim, causal): TFLOP/s at _SEQS}}.
 FA2_FWD_BWD_TFLOPS: Mapping[str, Mapping[tuple[int, bool], tuple[float, ...]]] = \
