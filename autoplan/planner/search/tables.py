@@ -478,20 +478,19 @@ def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCost
     sharded; a pipeline stage accumulates them unsharded and reduces once (ZeRO-1)."""
     sync, ps, div, synced = base.sync, base.ps, base.div, base.synced
     memo = base.memo               # the terms shared by the ZeRO stages, computed once
-    if zero in (1, 2):             # sharded optimizer: reduce-scatter, gather back
-        if "scatter" not in memo:  # (cost.step: the gather hides behind the forward)
-            memo["scatter"] = _hinge(base.scatter, base.bwd)
-            memo["regather"] = _hinge(base.gather, base.fb - base.bwd)
-        u = memo["scatter"]
-    else:
-        if "sync" not in memo:
-            memo["sync"] = _hinge(sync, base.bwd)
-        u = memo["sync"]
+    if "sync" not in memo:
+        memo["sync"] = _hinge(sync, base.bwd)
+        memo["scatter"] = _hinge(base.scatter, base.bwd)
+        memo["regather"] = _hinge(base.gather, base.fb - base.bwd)
+    # a sharded optimizer reduce-scatters and gathers back behind the forward, as cost.step
+    # prices it on GPUs; on ranks sharing CPU cores it keeps the all-reduce (_shared_syncs)
+    sharded = zero in (1, 2) and ev.composer is None
+    u = memo["scatter"] if sharded else memo["sync"]
     # a range that is the whole model runs as one stage, any other as a pipeline stage
     reps = reductions_per_step(zero, m, pipelined=False)
     if reps > 1:                    # reduce-scatters over every micro-batch's backward
         u = np.where(base.whole, reps * memo["scatter"], u)
-    if zero in (1, 2):
+    if sharded:
         u = u + memo["regather"]
     grads_div = np.where(base.whole[:, None],
                          div if memory_zero(zero, m, pipelined=False) >= 2 else 1.0,
