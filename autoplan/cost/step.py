@@ -63,10 +63,11 @@ of it in the parameters' dtype and after the step): autoplan's engine runs that 
 as FSDP2's per-unit pre-forward gather of the next step, prefetched one unit ahead, and
 Megatron-LM's distributed optimizer with ``--overlap-param-gather`` overlaps it with the
 next forward the same way, so it hides behind the first micro-batch's forward except for the
-first unit's (G_first = all_gather(p psi_b / U)). **ZeRO-2 over m > 1 micro-batches** keeps its gradients sharded only by reducing
-them every micro-batch: without pipeline parallelism FSDP reduce-scatters after each
-backward and accumulates the shards (R_d = sum_b reduce_scatter(R psi_b, g_b);
-E_d = m (R_last + x(R_d - R_last, sum_c t_b))); under pipeline parallelism the schedule
+first unit's (G_first = all_gather(p psi_b / U)). **ZeRO-2 over m > 1 micro-batches** keeps
+its gradients sharded only by reducing them every micro-batch: without pipeline parallelism
+FSDP reduce-scatters after each backward and accumulates the shards
+(R_d = sum_b reduce_scatter(R psi_b, g_b); E_d = m (R_last + x(R_d - R_last, sum_c t_b)));
+under pipeline parallelism the schedule
 accumulates unsharded gradients over the micro-batches and reduces once (torch.distributed
 .pipelining; DeepSpeed refuses ZeRO-2 with its pipeline engine), so its memory is ZeRO-1's
 (:mod:`engine.data_parallel`, which runs both). Under ZeRO-3 the rank's U units (FSDP's
@@ -95,7 +96,7 @@ next layer gathered). The prediction's memory is the rank that needs the most.
 by the work of all ranks over the cores::
 
     W_d  = m sum_c (t_f + t_b + r t_f + a + cpu_tp_f + cpu_tp_b + r cpu_tp_f + 2 s_c)
-           + [DP] (m modules_d dp_module_overhead / s + A_d + 2 m G_d)   (gloo: _shared_syncs)
+           + [DP] (m modules_d dp_module_overhead / s + A_d + 2 m G_d)   (_syncs, shared)
            + optimizer_scale optimizer_d
     T'   = max(mean over devices of W_d, s * (T + max E + max optimizer))
 
@@ -133,14 +134,6 @@ def reductions_per_step(zero: int, m: int, pipelined: bool) -> int:
     """Gradient reductions a data-parallel rank runs per step (module docstring): m
     reduce-scatters for ZeRO-2 over m > 1 micro-batches without a pipeline, else one."""
     return m if zero == 2 and m > 1 and not pipelined else 1
-
-
-def _reduction(zero: int, reps: int) -> str:
-    """The gradient collective of A_d: an all-reduce under ZeRO-0 (every rank steps every
-    parameter), a reduce-scatter under ZeRO-1/2 (the optimizer is sharded) or when reducing
-    every micro-batch. (Under ZeRO-3 A_d only enters the shared-cores total, as one
-    all-reduce per step; its GPU price is the per-unit pattern of ``zero3_micro_batch``.)"""
-    return "reduce_scatter" if zero in (1, 2) or reps > 1 else "all_reduce"
 
 
 def memory_zero(zero: int, m: int, pipelined: bool) -> int:
@@ -283,41 +276,29 @@ class StepModel:
 
     # ---- data parallelism of one pipeline rank ------------------------------------------
     def _syncs(self, buckets: Sequence[ParamBucket], zero: int, m: int = 1,
-               pipelined: bool = False) -> tuple[float, float, float]:
+               pipelined: bool = False, shared: bool = False) -> tuple[float, float, float]:
         """(A_d, G_d, local parameters the optimizer steps) of the module docstring; A_d is
         m R_d for ZeRO-2 over m > 1 micro-batches without a pipeline; G_d is one gather of
-        the rank's parameters (ZeRO >= 1; ZeRO-3 gathers it twice per micro-batch)."""
+        the rank's parameters (ZeRO >= 1; ZeRO-3 gathers it twice per micro-batch).
+
+        ``shared`` (ranks sharing CPU cores): A_d one all-reduce per step and no separate
+        ZeRO-1/2 gather, which is what the measured runs rank right. On gloo the link
+        profile prices a reduce-scatter plus an all-gather at twice the all-reduce (34 MB on
+        4 ranks: 53 + 30 ms against 41 ms), yet ZeRO-1 measured no slower than ZeRO-0
+        (``benchmarks/cost_model_accuracy.py``, 2026-11-28: 0.67 s against 0.78 s a step;
+        priced as reduce-scatter + gather the rank correlation fell from 0.96 to 0.93 and
+        the median error rose from 7% to 12%)."""
         reps = reductions_per_step(zero, m, pipelined)
-        reduce = _reduction(zero, reps)
+        sharded = zero in (1, 2) and not shared
+        reduce = "reduce_scatter" if sharded or reps > 1 else "all_reduce"
         t_reduce = t_gather = local = 0.0
         for b in buckets:
             if b.group.size > 1 and b.count > 0:
                 t_reduce += reps * self._comm_time(reduce, b.count * REDUCE_BYTES, b.group)
-                if zero >= 1:
+                if sharded or zero == 3:
                     t_gather += self._comm_time("all_gather", b.count * self.param_bytes,
                                                 b.group)
             local += b.count / b.group.size if zero >= 1 else b.count
-        return t_reduce, t_gather, local
-
-    def _shared_syncs(self, buckets: Sequence[ParamBucket], zero: int, m: int,
-                      pipelined: bool, local: float) -> tuple[float, float, float]:
-        """(A_d, G_d, local) for ranks sharing CPU cores: the gradient reduction priced as
-        one all-reduce per step (m reduce-scatters for ZeRO-2 over m > 1 micro-batches
-        without a pipeline), ZeRO-3's gather per unit; no separate ZeRO-1/2 gather. That is
-        what the measured runs rank right: on gloo the link profile prices a reduce-scatter
-        plus an all-gather at twice the all-reduce (34 MB on 4 ranks: 53 + 30 ms against 41
-        ms), yet ZeRO-1 measured no slower than ZeRO-0 (``benchmarks/cost_model_accuracy.py``,
-        2026-11-28: 0.67 s against 0.78 s a step; priced as reduce-scatter + gather the rank
-        correlation fell from 0.96 to 0.93 and the median error rose from 7% to 12%)."""
-        reps = reductions_per_step(zero, m, pipelined)
-        reduce = "all_reduce" if reps == 1 else "reduce_scatter"
-        t_reduce = t_gather = 0.0
-        for b in buckets:
-            if b.group.size > 1 and b.count > 0:
-                t_reduce += reps * self._comm_time(reduce, b.count * REDUCE_BYTES, b.group)
-                if zero == 3:
-                    t_gather += self._comm_time("all_gather", b.count * self.param_bytes,
-                                                b.group)
         return t_reduce, t_gather, local
 
     def _dp_exposed(self, chunks: Sequence[ChunkCost], buckets: Sequence[ParamBucket],
@@ -340,7 +321,7 @@ class StepModel:
         units = max(1, sum(c.modules for c in chunks))
         if zero < 3:                  # reps reductions, each over one micro-batch's backward
             reps = reductions_per_step(zero, m, pipelined)
-            reduce = _reduction(zero, reps)
+            reduce = "reduce_scatter" if zero >= 1 or reps > 1 else "all_reduce"
             last = sum(self.comm.time(reduce, min(b.count * REDUCE_BYTES, DDP_BUCKET_BYTES),
                                       b.group) for b in synced)
             exposed = reps * bucketed_reduction(t_reduce / reps, bwd, last)
@@ -422,7 +403,7 @@ class StepModel:
                                                t_gather))
             opt_time.append(self.compute.optimizer_time(local))
             if self.shared is not None:
-                syncs.append(self._shared_syncs(buckets, zero, m, pp > 1, local))
+                syncs.append(self._syncs(buckets, zero, m, pp > 1, shared=True))
             in_flight = in_flight_micro_batches(work.schedule, pp, d, m, v)
             per_rank.append(self._memory(cs, buckets, in_flight, memory_zero(zero, m, pp > 1),
                                          pp > 1))

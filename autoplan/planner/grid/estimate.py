@@ -232,9 +232,9 @@ class Estimator:
     def _masks_only(self) -> frozenset[int]:
         """Layers before the first block keeping only dropout masks: sequence-sharded under SP
         (the engine slices before the embedding dropout, :mod:`engine.tensor_parallel`)."""
-        n = self.graph.nodes
+        n, keep = self.graph.nodes, self._batchy
         return frozenset(l.index for l in self.graph.layers[:self._first_block] if all(
-            "native_dropout" in n[k].op for k in l.nodes if n[k].saved_bytes and self._batchy[k][1]))
+            "native_dropout" in n[k].op for k in l.nodes if n[k].saved_bytes and keep[k][1]))
 
     def _sequence_sharded(self, index: int, sp: bool) -> bool:
         """Does layer ``index`` run sequence-sharded? Under sequence parallelism every layer

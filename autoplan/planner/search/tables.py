@@ -483,7 +483,7 @@ def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCost
         memo["scatter"] = _hinge(base.scatter, base.bwd)
         memo["regather"] = _hinge(base.gather, base.fb - base.bwd)
     # a sharded optimizer reduce-scatters and gathers back behind the forward, as cost.step
-    # prices it on GPUs; on ranks sharing CPU cores it keeps the all-reduce (_shared_syncs)
+    # prices it on GPUs; on ranks sharing CPU cores it keeps the all-reduce (StepModel._syncs)
     sharded = zero in (1, 2) and ev.composer is None
     u = memo["scatter"] if sharded else memo["sync"]
     # a range that is the whole model runs as one stage, any other as a pipeline stage
