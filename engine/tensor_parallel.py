@@ -85,7 +85,6 @@ class TPLayout:
 GPT_LAYOUT = TPLayout(embedding_dropout="drop")
 
 
-
 def parse_placement(text: str, where: str) -> Shard | Replicate:
     """``"Shard(d)"`` / ``"Replicate()"`` -> the DTensor placement (:mod:`autoplan.placement`
     parses it; ``Partial`` is a plan for activations, not a parameter layout, and is

@@ -136,6 +136,13 @@ def reductions_per_step(zero: int, m: int, pipelined: bool) -> int:
     return m if zero == 2 and m > 1 and not pipelined else 1
 
 
+def gathers_back(zero: int, shared: bool) -> bool:
+    """Is the gradient sync a reduce-scatter whose updated parameters are gathered back
+    behind the next forward (ZeRO-1/2, module docstring)? Not on ranks sharing CPU cores,
+    where the measured runs rank right with one all-reduce (:meth:`StepModel._syncs`)."""
+    return zero in (1, 2) and not shared
+
+
 def memory_zero(zero: int, m: int, pipelined: bool) -> int:
     """The ZeRO stage whose bytes a rank holds: ZeRO-2 in a pipeline over m > 1
     micro-batches accumulates unsharded gradients, ZeRO-1's (module docstring)."""
@@ -289,7 +296,7 @@ class StepModel:
         priced as reduce-scatter + gather the rank correlation fell from 0.96 to 0.93 and
         the median error rose from 7% to 12%)."""
         reps = reductions_per_step(zero, m, pipelined)
-        sharded = zero in (1, 2) and not shared
+        sharded = gathers_back(zero, shared)
         reduce = "reduce_scatter" if sharded or reps > 1 else "all_reduce"
         t_reduce = t_gather = local = 0.0
         for b in buckets:

@@ -18,10 +18,9 @@ input gradient in backward (Megatron-LM; with sequence parallelism an all-gather
 reduce-scatter of the same volume, so the same time). Pipeline sends carry each chunk's
 output activation, split over the TP group (Megatron's scatter/gather optimisation).
 
-Each chunk becomes a :class:`~autoplan.cost.step.ChunkCost` (its parameters one bucket
-synced over the data-parallel group) and :class:`~autoplan.cost.step.StepModel` composes the
-step — pipeline latency, data-parallel and optimizer terms, memory per device, ranks sharing
-CPU cores, calibration — as for every other pricer (the formulas are in its docstring).
+Each chunk becomes a :class:`~autoplan.cost.step.ChunkCost` (its parameters one bucket synced
+over the data-parallel group); :class:`~autoplan.cost.step.StepModel` composes the step as for
+every other pricer (pipeline, DP, optimizer, memory, shared cores, calibration: its docstring).
 
 Memory per chunk: model states of its parameters (TP sharding of column/row parameters),
 activations (:func:`~autoplan.cost.memory.activation_bytes`) and, under recomputation, one
@@ -43,7 +42,7 @@ from dataclasses import replace
 from autoplan.cluster import Cluster
 from autoplan.cost.batch_scale import batch_tensors
 from autoplan.cost.comm import CommModel, Group
-from autoplan.cost.compute import ComputeModel
+from autoplan.cost.compute import ComputeModel, op_base_name
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
 from autoplan.cost.recompute import attention_core, core_fwd_flops
@@ -234,7 +233,8 @@ class Estimator:
         (the engine slices before the embedding dropout, :mod:`engine.tensor_parallel`)."""
         n, keep = self.graph.nodes, self._batchy
         return frozenset(l.index for l in self.graph.layers[:self._first_block] if all(
-            "native_dropout" in n[k].op for k in l.nodes if n[k].saved_bytes and keep[k][1]))
+            op_base_name(n[k].op) == "native_dropout" for k in l.nodes
+            if n[k].saved_bytes and keep[k][1]))
 
     def _sequence_sharded(self, index: int, sp: bool) -> bool:
         """Does layer ``index`` run sequence-sharded? Under sequence parallelism every layer

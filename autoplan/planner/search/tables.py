@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplan.cost.memory import solver_state_weight
-from autoplan.cost.step import REDUCE_BYTES, memory_zero, reductions_per_step
+from autoplan.cost.step import REDUCE_BYTES, gathers_back, memory_zero, reductions_per_step
 from autoplan.planner.search.costs import BUCKETS
 from autoplan.planner.grid.estimate import OVERLAP_COST
 from autoplan.planner.search.evaluate import Evaluator
@@ -482,9 +482,7 @@ def finish_range(ev: Evaluator, base: RangeBase, m: int, zero: int) -> RangeCost
         memo["sync"] = _hinge(sync, base.bwd)
         memo["scatter"] = _hinge(base.scatter, base.bwd)
         memo["regather"] = _hinge(base.gather, base.fb - base.bwd)
-    # a sharded optimizer reduce-scatters and gathers back behind the forward, as cost.step
-    # prices it on GPUs; on ranks sharing CPU cores it keeps the all-reduce (StepModel._syncs)
-    sharded = zero in (1, 2) and ev.composer is None
+    sharded = gathers_back(zero, shared=ev.composer is not None)   # as cost.step prices it
     u = memo["scatter"] if sharded else memo["sync"]
     # a range that is the whole model runs as one stage, any other as a pipeline stage
     reps = reductions_per_step(zero, m, pipelined=False)
