@@ -214,3 +214,33 @@ def test_fused_swiglu_does_not_keep_the_silu_output():
     kept = sum(fused.nodes[n].saved_bytes for n in block.nodes)
     assert fused.layers[1].stats.saved_bytes == kept
     assert dropped >= 64 * 832 * 2
+
+
+# ---- widths: float32 upcasts and the loss ---------------------------------------------------
+def _elementwise(op: str, dtype_in: str, dtype_out: str, numel: int) -> OpNode:
+    width = {"bfloat16": 2, "float32": 4}
+    return OpNode(name=op, op=op, inputs=[], input_meta=[TensorMeta((numel,), dtype_in)],
+                  output_meta=[TensorMeta((numel,), dtype_out)], fwd_flops=0.0, bwd_flops=0.0,
+                  bytes_read=numel * width[dtype_in], bytes_written=numel * width[dtype_out])
+
+
+def test_float32_upcasts_of_a_bf16_trace_and_the_loss_run_at_float32_width():
+    h100 = load_device("h100-sxm")
+    cm = ComputeModel(h100, "bfloat16")
+    eff = default_efficiency(h100)
+    bw = h100.memory_bandwidth * eff.memory
+    n = 4096 * 131072                                    # one sequence's logits, 128k vocabulary
+    upcast = _elementwise("aten._to_copy.default", "bfloat16", "float32", n)
+    # traced in bf16 for a bf16 run: the upcast's float32 output is real float32 traffic
+    f, _ = cm.op_time(upcast, traced_dtype="bfloat16")
+    assert f == pytest.approx(eff.fusion * (6 * n / bw + eff.kernel_overhead_s))
+    # traced in float32 for a bf16 run: every tensor shrinks to the compute width
+    f32 = _elementwise("aten._to_copy.default", "float32", "float32", n)
+    f, _ = cm.op_time(f32, traced_dtype="float32")
+    assert f == pytest.approx(eff.fusion * (4 * n / bw + eff.kernel_overhead_s))
+    # the loss runs in float32 whatever the trace, and no fusion removes its passes
+    for traced in ("float32", "bfloat16"):
+        loss = _elementwise("aten._log_softmax.default", traced, traced, n)
+        f, b = cm.op_time(loss, traced_dtype=traced)
+        assert f == pytest.approx(8 * n / bw + eff.kernel_overhead_s)
+        assert b == pytest.approx(f)

@@ -61,7 +61,10 @@ numbers, never tuned per model:
   that a training framework still runs. Megatron-LM fuses scale+mask+softmax, bias+GeLU and
   bias+dropout+add; counting bytes op by op over a GPT block's aten graph, these fusions keep
   0.42-0.58 of the element-wise traffic (lower without dropout, higher with it): phi = 0.5 on
-  GPUs. On CPU autoplan's engine runs eager PyTorch with no fusion: phi = 1.
+  GPUs. On CPU autoplan's engine runs eager PyTorch with no fusion: phi = 1. The loss
+  (``LOSS_OPS``: log-softmax and NLL over the vocabulary) is not in a block's fused chains:
+  it runs as traced, phi = 1 (Megatron-LM's unfused vocab-parallel cross entropy runs max,
+  subtract, exp, sum and log as separate passes, more than the traced two).
 * ``kernel_overhead_s`` (t_k) -- launch and ramp/tail cost of one kernel on a busy stream,
   a few microseconds on NVIDIA GPUs (NCCL's tuning model and CUDA Graphs measurements put
   back-to-back launches at ~2-5 us): 3 us on GPUs; eager PyTorch dispatch on CPU: 10 us.
@@ -73,6 +76,16 @@ come out 6-9% above the published 135-142 TFLOP/s per A100 with the shape factor
 (``benchmarks/megatron_sc21.py``; 9-12% before it).
 Traced with flash attention (``attention="sdpa"``, which SC'21 predates) they come out far
 higher, as a 2021 A100 could not run that graph.
+
+Widths. An op's bytes are priced at the width its tensors run at. A graph traced in float32
+for a 16-bit run is rescaled to the compute width op by op; a graph traced at the compute
+width (``OpGraph.dtype`` bfloat16 for a bf16 run) is priced as traced, so its explicit
+float32 upcasts (the logits' ``.float()`` before the loss, an RMSNorm's float32 statistics)
+cost float32 traffic. The loss always runs in float32 (torch autocast's float32 op list;
+Megatron-LM's and torchtitan's ``logits.float()``): with a 128k vocabulary and 16k tokens
+per micro-batch its logits are 8.6 GB in float32, read and written about six times a step
+(upcast, log-softmax, its backward, the NLL's dense gradient) -- 5% of a 1.7B model's step on
+an H100, which the earlier rule (every op at the compute width, then phi) priced at a quarter.
 
 Measured timings replace the model op by op: ``ComputeModel(..., measured=fn)`` where
 ``fn(node, shard)`` returns (forward, backward) seconds or None to fall back to the roofline.
@@ -135,6 +148,12 @@ COMM_OPS = frozenset({
     "all_reduce", "all_reduce_", "all_gather_into_tensor", "reduce_scatter_tensor",
     "all_to_all_single", "wait_tensor", "broadcast", "broadcast_", "send", "recv",
     "allreduce_", "allgather_", "reduce_scatter_",
+})
+#: The loss: run in float32 under any mixed precision (torch autocast's float32 list;
+#: Megatron-LM's and torchtitan's ``logits.float()``) and not fused away (module docstring).
+LOSS_OPS = frozenset({
+    "log_softmax", "_log_softmax", "nll_loss", "nll_loss_forward", "nll_loss_nd",
+    "nll_loss2d_forward", "cross_entropy", "cross_entropy_loss",
 })
 _NAMESPACES = frozenset({"aten", "prims", "_c10d_functional", "c10d", "c10d_functional",
                          "torch", "ops", "_c10d_functional_autograd"})
@@ -311,11 +330,19 @@ class ComputeModel:
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     # ---- one op --------------------------------------------------------------------------
-    def _byte_scale(self, node: OpNode) -> float:
-        """compute-dtype width / traced float width of this op's tensors (1 if none)."""
+    def _byte_scale(self, node: OpNode, traced_dtype: str | None = None) -> float:
+        """Width the op's float tensors run at / their traced width (module docstring,
+        "Widths"): float32 for a loss op; 1 where the graph was traced at the compute width
+        (``traced_dtype``, the graph's parameter dtype: its float32 tensors are explicit
+        upcasts that run in float32); else compute width / traced width; 1 without floats."""
         for meta in (*node.output_meta, *node.input_meta):
             if _is_float(meta.dtype):
-                return self._dtype_bytes / DTYPE_BYTES.get(meta.dtype, 4)
+                width = DTYPE_BYTES.get(meta.dtype, 4)
+                if op_base_name(node.op) in LOSS_OPS:
+                    return 4.0 / width
+                if traced_dtype is not None and DTYPE_BYTES.get(traced_dtype) == self._dtype_bytes:
+                    return 1.0
+                return self._dtype_bytes / width
         return 1.0
 
     @staticmethod
@@ -325,16 +352,19 @@ class ComputeModel:
         return (any(_is_float(m.dtype) for m in node.output_meta)
                 and any(_is_float(m.dtype) for m in node.input_meta))
 
-    def op_time(self, node: OpNode, shard: float = 1.0) -> tuple[float, float]:
+    def op_time(self, node: OpNode, shard: float = 1.0,
+                traced_dtype: str | None = None) -> tuple[float, float]:
         """(forward, backward) seconds of ``node`` doing 1/``shard`` of its work (a GEMM's
         shape shrinks along the dimension its ``tp_role`` splits; ``shard`` < 1 is a larger
-        batch)."""
+        batch); ``traced_dtype``: the parameter dtype its graph was traced in
+        (:meth:`_byte_scale`)."""
         if shard <= 0:
             raise ValueError(f"shard must be > 0, got {shard}")
-        return self._op_time(node, shard, 1.0) if shard >= 1 else \
-            self._op_time(node, 1, 1.0 / shard)
+        return self._op_time(node, shard, 1.0, traced_dtype) if shard >= 1 else \
+            self._op_time(node, 1, 1.0 / shard, traced_dtype)
 
-    def _op_time(self, node: OpNode, tp: float, batch_scale: float) -> tuple[float, float]:
+    def _op_time(self, node: OpNode, tp: float, batch_scale: float,
+                 traced_dtype: str | None = None) -> tuple[float, float]:
         kind = op_kind(node)
         if kind in ("view", "comm"):
             return 0.0, 0.0
@@ -346,7 +376,8 @@ class ComputeModel:
         eff = self.efficiency
         bw = self.device.memory_bandwidth * eff.memory
         t_k = eff.kernel_overhead_s
-        nbytes = (node.bytes_read + node.bytes_written) * self._byte_scale(node) / shard
+        nbytes = (node.bytes_read + node.bytes_written) * self._byte_scale(node, traced_dtype) \
+            / shard
         f_fwd, f_bwd = node.fwd_flops / shard, node.bwd_flops / shard
         if kind == "matmul":
             dims = gemm_dims(node, tp, batch_scale)
@@ -365,7 +396,7 @@ class ComputeModel:
                 return fwd, 0.0
             b_bwd = nbytes * (f_bwd / f_fwd if f_fwd > 0 else 2.0)
             return fwd, max(f_bwd / r_bwd, b_bwd / bw) + kernels * t_k
-        phi = eff.fusion
+        phi = 1.0 if op_base_name(node.op) in LOSS_OPS else eff.fusion
         fwd = phi * (max(f_fwd / self.vector_peak, nbytes / bw) + t_k)
         if not self._has_backward(node):
             return fwd, 0.0
@@ -397,7 +428,7 @@ class ComputeModel:
             hit = self.measured_at(node, graph, tp, batch_scale)
             if hit is not None:
                 return float(hit[0]), float(hit[1])
-        return self._op_time(node, tp, batch_scale)
+        return self._op_time(node, tp, batch_scale, getattr(graph, "dtype", None))
 
     # ---- one layer -----------------------------------------------------------------------
     def layer_time(self, layer: Layer, graph: OpGraph, *, tp: int = 1,
