@@ -435,7 +435,8 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     ``dp`` defaults to world / (tp·pp·cp); the number of micro-batches follows from the
     global batch: ``m = global_batch / (dp · micro_batch)``. ``ep``: expert parallelism (a
     divisor of dp splitting the experts); ``cp``: context parallelism (ranks per sequence);
-    ``checkpoint``: 'none', 'selective' (the attention core) or 'full' recomputation;
+    ``checkpoint``: 'none', 'selective' (the attention core), 'op' (torchtitan's op-level
+    policy, :mod:`autoplan.cost.recompute`) or 'full' recomputation;
     ``tp_comm_overlap``: TP collectives overlapped with their GEMMs (needs sequence
     parallelism), or ``"backward"``: only the input gradients' collectives beside the
     weight-gradient GEMMs, as Megatron-LM runs by default (:mod:`autoplan.cost.tp_overlap`).
@@ -444,6 +445,7 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     naming the argument (before the model is traced).
     """
     from autoplan.plan import SCHEDULES
+    from autoplan.plan_parts import RECOMPUTE_MODES
 
     for name, value in (("tp", tp), ("pp", pp), ("micro_batch", micro_batch),
                         ("virtual_stages", virtual_stages), ("ep", ep), ("cp", cp)):
@@ -455,8 +457,8 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
     if not isinstance(sequence_parallel, bool):
         raise ConfigError(f"must be True or False, got {sequence_parallel!r}"[:200],
                           field="sequence_parallel")
-    if checkpoint not in ("none", "selective", "full"):
-        raise ConfigError(f"must be 'none', 'selective' or 'full', got {checkpoint!r}"[:200],
+    if checkpoint not in RECOMPUTE_MODES:
+        raise ConfigError(f"must be 'none', 'selective', 'op' or 'full', got {checkpoint!r}"[:200],
                           field="checkpoint")
     if not isinstance(tp_comm_overlap, bool) and tp_comm_overlap != "backward":
         raise ConfigError(f"must be True, False or 'backward', got {tp_comm_overlap!r}"[:200],

@@ -146,8 +146,9 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=_count(1), help="default: devices / (tp * pp)")
     g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     g.add_argument("--micro-batch", type=_count(1), default=1)
-    g.add_argument("--checkpoint", choices=("none", "selective", "full"), default="none",
-                   help="activation recomputation (selective: the attention core only)")
+    g.add_argument("--checkpoint", choices=("none", "selective", "op", "full"), default="none",
+                   help="activation recomputation (selective: the attention core only; op: "
+                        "torchtitan's op-level policy, every other matmul saved)")
     g.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved_1f1b"), default="1f1b")
     g.add_argument("--virtual-stages", type=_count(1), default=1)
     g.add_argument("--sp", action="store_true", help="sequence parallelism (needs tp > 1)")

@@ -189,8 +189,9 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
         mesh = " x ".join(f"{a}={n}" for a, n in zip(s.axis_names, s.mesh_shape))
         row = [str(s.index), span(s.layer_names[0], s.layer_names[-1], len(s.layer_names)),
                f"{s.ranks[0]}-{s.ranks[-1]}", mesh,
-               str(len(s.checkpoint_layers)) + (" selective" if s.checkpoint_layers and
-                                                plan.parallel.checkpoint == "selective" else "")]
+               str(len(s.checkpoint_layers)) + (
+                   f" {plan.parallel.checkpoint}" if s.checkpoint_layers and
+                   plan.parallel.checkpoint in ("selective", "op") else "")]
         if searched:
             pr = s.predicted
             row += [str(plan.parallel.zero if s.zero is None else s.zero),

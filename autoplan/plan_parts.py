@@ -16,7 +16,7 @@ from autoplan.plan_fields import MAX_COUNT, MAX_DEVICES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 #: Activation recomputation modes (:mod:`autoplan.cost.recompute`, which prices them).
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = ("none", "selective", "op", "full")
 MESH_AXES = ("pp", "dp", "tp")
 
 
@@ -37,7 +37,7 @@ class ParallelConfig:
     num_micro_batches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1            # model chunks per pipeline rank (interleaved 1F1B)
-    checkpoint: str = "none"           # "none" | "selective" (attention core) | "full"
+    checkpoint: str = "none"           # "none" | "selective" (attention core) | "op" | "full"
     ep: int = 1                        # expert parallelism: experts split over ep of the dp ranks
     cp: int = 1                        # context parallelism: each sequence split over cp ranks
     tp_comm_overlap: bool | str = False  # TP collectives decomposed beside their GEMMs;
@@ -61,8 +61,8 @@ class ParallelConfig:
             raise PlanError(f"field 'parallel.schedule': must be one of {SCHEDULES}, "
                             f"got {pf.show.repr(self.schedule)}")
         if not isinstance(self.checkpoint, str) or self.checkpoint not in RECOMPUTE_MODES:
-            raise PlanError(f"field 'parallel.checkpoint': must be 'none', 'selective' or "
-                            f"'full', got {pf.show.repr(self.checkpoint)}")
+            raise PlanError(f"field 'parallel.checkpoint': must be 'none', 'selective', 'op' "
+                            f"or 'full', got {pf.show.repr(self.checkpoint)}")
         if not isinstance(self.tp_comm_overlap, bool) and self.tp_comm_overlap != "backward":
             raise PlanError(f"field 'parallel.tp_comm_overlap': must be true, false or "
                             f"'backward', got {pf.show.repr(self.tp_comm_overlap)}")
@@ -102,6 +102,8 @@ class ParallelConfig:
             parts.append("ckpt")
         elif self.checkpoint == "selective":
             parts.append("sel-ckpt")
+        elif self.checkpoint == "op":
+            parts.append("op-ckpt")
         return " ".join(parts)
 
 

@@ -1,4 +1,4 @@
-"""Activation recomputation of a block as the plan names it: full or selective.
+"""Activation recomputation of a block as the plan names it: full, selective or op.
 
 * ``full`` — ``checkpoint_wrapper`` (non-reentrant): the block keeps only its input and runs
   its whole forward again in backward.
@@ -11,6 +11,16 @@
   only those run again (Korthikanti et al. 2022, sec. 5; what :mod:`autoplan.cost.recompute`
   prices). Every other op's output comes from the forward's cache, so the gradients are the
   forward's exactly; RNG state is preserved as for full recomputation.
+
+* ``op`` — torchtitan's op-level selective checkpointing (``selective_ac_option = "op"``,
+  torchtitan ``parallelisms/parallelize_llama.py`` at 9dec370, Dec. 2024): the outputs of the
+  attention kernels, of the sequence-parallel reduce-scatters and of every *other* matmul
+  (the 1st, 3rd, ... ``mm`` / ``addmm`` of each block's forward: a linear layer, with or
+  without bias) are MUST_SAVE; everything else -- the other matmuls, norms, activations,
+  residual adds, all-gathers -- is PREFER_RECOMPUTE. The counter starts afresh on every
+  forward and every recomputation of the block (one policy per checkpoint call), so the
+  recomputation saves and recomputes the same matmuls as the forward.
+  :func:`autoplan.cost.recompute.op_saved_nodes` names the same ops on the traced graph.
 
 A policy decides from the op and its inputs (it does not see outputs): ``bmm`` / ``baddbmm``
 (the built-in GPT and the adapted Hugging Face blocks run their linear layers as ``mm`` /
@@ -29,7 +39,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (Checkpo
                                                                          checkpoint_wrapper)
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-MODES = ("full", "selective")
+MODES = ("full", "selective", "op")
 
 _aten = torch.ops.aten
 
@@ -68,12 +78,46 @@ def attention_core_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.PREFER_SAVE
 
 
+#: Counted as the block's matmuls under ``op`` (linear layers, with or without bias).
+MATMUL_OPS = _overloads(_aten.mm, _aten.addmm)
+#: Always saved under ``op``: attention kernels and the sequence-parallel reduce-scatter.
+OP_SAVED = _overloads(
+    _aten._scaled_dot_product_flash_attention, _aten._scaled_dot_product_efficient_attention,
+    getattr(_aten, "_scaled_dot_product_cudnn_attention", None),
+    getattr(_aten, "_scaled_dot_product_flash_attention_for_cpu", None),
+    getattr(torch.ops._c10d_functional, "reduce_scatter_tensor", None))
+
+
+def op_level_policy():
+    """A fresh ``op`` policy (module docstring) for one checkpoint call: its own counters of
+    the matmuls seen in the forward and in the recomputation."""
+    seen = {False: 0, True: 0}
+
+    def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+        if func in MATMUL_OPS:
+            seen[ctx.is_recompute] += 1
+            return (CheckpointPolicy.MUST_SAVE if seen[ctx.is_recompute] % 2 == 1
+                    else CheckpointPolicy.PREFER_RECOMPUTE)
+        if func in OP_SAVED:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _op_level_contexts():
+    return create_selective_checkpoint_contexts(op_level_policy())
+
+
 def wrap(block: nn.Module, mode: str) -> nn.Module:
     """``block`` recomputed in backward as ``mode`` says (module docstring)."""
     if mode not in MODES:
         raise ValueError(f"recomputation mode must be one of {MODES}, got {mode!r}")
     if mode == "full":
         return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    if mode == "op":
+        return checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                  context_fn=_op_level_contexts)
     return checkpoint_wrapper(
         block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
         context_fn=functools.partial(create_selective_checkpoint_contexts,
@@ -81,6 +125,8 @@ def wrap(block: nn.Module, mode: str) -> nn.Module:
 
 
 def mode_of(plan) -> str:
-    """The mode of a plan's ``checkpoint_layers``: 'selective' when ``parallel.checkpoint``
-    says so, else 'full' (a search plan recomputes some stages fully and says 'none')."""
-    return "selective" if plan.parallel.checkpoint == "selective" else "full"
+    """The mode of a plan's ``checkpoint_layers``: 'selective' or 'op' when
+    ``parallel.checkpoint`` says so, else 'full' (a search plan recomputes some stages fully
+    and says 'none')."""
+    mode = plan.parallel.checkpoint
+    return mode if mode in ("selective", "op") else "full"

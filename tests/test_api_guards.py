@@ -40,7 +40,7 @@ def test_estimate_refuses_bad_degrees_before_tracing(monkeypatch, argument, valu
 
 @pytest.mark.parametrize("argument, value, message", [
     ("zero", 4, "must be 0, 1, 2 or 3"), ("zero", True, "must be 0, 1, 2 or 3"),
-    ("checkpoint", "some", "must be 'none', 'selective' or 'full'"), ("schedule", "zb", "must be one of"),
+    ("checkpoint", "some", "must be 'none', 'selective', 'op' or 'full'"), ("schedule", "zb", "must be one of"),
     ("sequence_parallel", "yes", "must be True or False"),
 ])
 def test_estimate_refuses_bad_choices(argument, value, message):

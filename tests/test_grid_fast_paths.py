@@ -37,7 +37,7 @@ def _loop_layers(est: Estimator, start: int, end: int, tp: int, sp: bool, micro_
         layer = est.graph.layers[i]
         st = layer.stats
         sp_l = est._sequence_sharded(i, sp)
-        f, b, core_f, g_f, g_b = est._kind_time(i, tp, sp_l, micro_batch)
+        f, b, core_f, g_f, g_b, _ = est._kind_time(i, tp, sp_l, micro_batch)
         fwd += f / cp
         bwd += b / cp
         gemm_f += g_f / cp

@@ -1,4 +1,4 @@
-"""Activation recomputation modes: none, selective (the attention core), full.
+"""Activation recomputation modes: none, selective (the attention core), op, full.
 
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
 (arXiv 2205.05198), sec. 4-5. Per transformer layer and micro-batch, with 16-bit
@@ -33,6 +33,23 @@ The one place those ops are named is :func:`attention_core`; the step compositio
 (:mod:`autoplan.cost.step`) prices their forward once more per micro-batch, and
 :func:`autoplan.cost.memory.activation_bytes` drops their attention matrices from what a
 selectively recomputed layer keeps.
+
+*Op-level* recomputation (``op``) is torchtitan's per-op selective activation checkpointing
+(``[activation_checkpoint] mode = "selective"``, ``selective_ac_option = "op"``; torchtitan
+``parallelisms/parallelize_llama.py`` at 9dec370, Dec. 2024, the policy its Llama 3.1 8B
+benchmarks ran): in each block the outputs of the attention kernels, of the sequence-parallel
+reduce-scatters and of every other matmul -- the 1st, 3rd, ... in forward order -- are saved;
+everything else (the other matmuls, norms, activation functions, residual adds,
+all-gathers) runs again in backward. Per layer and micro-batch it keeps the layer's input
+and those saved outputs (:func:`op_saved_nodes`; under TP a column matmul's output and the
+attention's are 1/t, a row matmul's partial sum is whole, its reduce-scattered output 1/t),
+and recomputes the forward of the rest (:func:`op_recomputed_nodes`) plus, under sequence
+parallelism, the all-gathers before the column matmuls (the reduce-scatters' outputs are
+saved: half of the forward's TP communication), without it the row matmuls' all-reduces (all
+of it). A Llama block (q, k, v, o, w1, w3, w2) keeps q, v, w1 and w2's outputs and the
+attention's and recomputes k, o and w3 -- for Llama 3 8B 37% of its matmul FLOPs (h^2/4 +
+h^2 + 3.5 h^2 of 13 h^2) -- and everything element-wise; ``engine.recompute`` runs the same policy. Korthikanti et al.'s formulas have
+no such mode (:func:`korthikanti_layer_bytes` refuses it).
 """
 
 from __future__ import annotations
@@ -40,7 +57,8 @@ from __future__ import annotations
 from autoplan.cost.compute import op_kind
 from autoplan.plan_parts import RECOMPUTE_MODES   # the modes a plan names, least recomputed first
 
-__all__ = ["RECOMPUTE_MODES", "attention_core", "core_fwd_flops", "korthikanti_layer_bytes"]
+__all__ = ["RECOMPUTE_MODES", "attention_core", "core_fwd_flops", "korthikanti_layer_bytes",
+           "op_kept_bytes", "op_recomputed_nodes", "op_saved_nodes"]
 
 
 _SOFTMAX = ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax")
@@ -96,6 +114,64 @@ def attention_core(graph) -> frozenset[str]:
     return frozenset(out)
 
 
+#: Matmuls counted by the op-level policy (linear layers, with or without bias).
+OP_MATMULS = ("mm", "addmm")
+
+
+def op_saved_nodes(graph) -> frozenset[str]:
+    """Nodes of ``graph``'s blocks whose outputs op-level recomputation keeps (module
+    docstring): the fused attention ops and the 1st, 3rd, ... ``mm`` / ``addmm`` of each
+    block in execution order."""
+    out: set[str] = set()
+    for layer in graph.layers:
+        if layer.name.startswith("<"):
+            continue
+        count = 0
+        for name in layer.nodes:
+            node = graph.nodes[name]
+            base = node.op.split(".")[1] if "." in node.op else node.op
+            if op_kind(node) == "attention":
+                out.add(name)
+            elif base in OP_MATMULS:
+                count += 1
+                if count % 2 == 1:
+                    out.add(name)
+    return frozenset(out)
+
+
+def op_recomputed_nodes(graph, saved: frozenset[str] | None = None) -> frozenset[str]:
+    """Nodes of ``graph``'s blocks that op-level recomputation runs again in backward: every
+    op with work (not a view, not a collective) outside :func:`op_saved_nodes`."""
+    saved = op_saved_nodes(graph) if saved is None else saved
+    return frozenset(name for layer in graph.layers if not layer.name.startswith("<")
+                     for name in layer.nodes
+                     if name not in saved and op_kind(graph.nodes[name]) not in ("view", "comm"))
+
+
+def op_kept_bytes(graph, index: int, saved: frozenset[str], grows) -> tuple[float, ...]:
+    """Bytes, at the traced micro-batch, of layer ``index``'s tensors that op-level
+    recomputation keeps (module docstring), among the outputs ``grows(name)`` says grow with
+    the batch: the saved ops' outputs split by how TP divides them -- column and sharded
+    (1/t), replicated (1/t under sequence parallelism), row (a whole partial sum) -- and
+    the outputs of all its row matmuls (reduce-scattered: 1/t, under sequence parallelism)."""
+    split = rep = row = rows = 0.0
+    for name in graph.layers[index].nodes:
+        node = graph.nodes[name]
+        if not grows(name):
+            continue
+        out = float(sum(m.nbytes for m in node.output_meta))
+        if node.tp_role == "row" and op_kind(node) == "matmul":
+            rows += out
+        if name in saved:
+            if node.tp_role in ("column", "sharded"):
+                split += out
+            elif node.tp_role == "row":
+                row += out
+            else:
+                rep += out
+    return split, rep, row, rows
+
+
 def core_fwd_flops(graph, layers=None, core: frozenset[str] | None = None) -> float:
     """Forward FLOPs of the attention core of ``layers`` (indices; default all) at the
     traced micro-batch: what selective recomputation repeats, which the hardware-FLOP
@@ -112,8 +188,9 @@ def korthikanti_layer_bytes(mode: str, *, s: int, b: int, h: int, a: int, t: int
     eq. 1-2 / Table 2 (16-bit activations): none s b h (10 + 24/t + 5 a s/(h t)) (without
     sequence parallelism; /t throughout with it), selective s b h 34 / t (with SP;
     s b h (10 + 24/t) without), full 2 s b h (/t with SP)."""
-    if mode not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute mode must be one of {RECOMPUTE_MODES}, got {mode!r}")
+    if mode not in RECOMPUTE_MODES or mode == "op":
+        raise ValueError(f"Korthikanti et al.'s modes are none, selective and full, "
+                         f"got {mode!r}")
     sbh = float(s) * b * h
     if mode == "full":
         return 2 * sbh / (t if sequence_parallel else 1)

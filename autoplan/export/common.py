@@ -48,6 +48,7 @@ class Layout:
     blocks_per_chunk: tuple[int, ...]      # repeated blocks in each model chunk
     checkpoint: bool                       # every block fully recomputed
     selective: bool = False                # every block's attention core recomputed
+    op: bool = False                       # every block under op-level recomputation
 
     @property
     def num_layers(self) -> int:
@@ -149,8 +150,9 @@ def uniform_layout(plan: Plan, target: str) -> Layout:
         raise NotExpressibleError(target, reasons)
     recomputed = full and any(b for _, b in ckpt_sets)
     selective = recomputed and plan.parallel.checkpoint == "selective"
-    return Layout(blocks_per_chunk=blocks, checkpoint=recomputed and not selective,
-                  selective=selective)
+    op = recomputed and plan.parallel.checkpoint == "op"
+    return Layout(blocks_per_chunk=blocks, checkpoint=recomputed and not (selective or op),
+                  selective=selective, op=op)
 
 
 def compute_dtype(plan: Plan) -> str:

@@ -51,6 +51,10 @@ def deepspeed_config(plan: Plan) -> tuple[dict, list[str]]:
                        "activation_checkpointing recomputes whatever function the model "
                        "wraps, not an attention-core granularity; export --to megatron "
                        "(--recompute-granularity selective)")
+    if layout.op:
+        reasons.append("op-level recomputation (every other matmul saved): DeepSpeed's "
+                       "activation_checkpointing has no per-op policy; export --to torchtitan "
+                       "(selective_ac_option = \"op\")")
     if reasons:
         raise NotExpressibleError(TARGET, reasons)
     notes = device_note(plan)

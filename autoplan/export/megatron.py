@@ -61,6 +61,11 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
     if p.virtual_stages > 1 and p.num_micro_batches % p.pp:
         reasons.append(f"{p.num_micro_batches} micro-batches with the interleaved schedule: "
                        f"Megatron-LM needs a multiple of pp = {p.pp}")
+    if layout.op:
+        reasons.append("op-level recomputation (torchtitan's policy, every other matmul "
+                       "saved): Megatron-LM recomputes whole layers or chosen modules "
+                       "(--recompute-granularity full / selective); export --to torchtitan, "
+                       "or plan with checkpoint 'selective' or 'full'")
     if reasons:
         raise NotExpressibleError(TARGET, reasons)
 

@@ -24,8 +24,9 @@ Mapping (torchtitan applies FSDP2 for sharded data parallelism and DDP for repli
   without it gets a note (torchtitan will use less activation memory than predicted).
 * TP-communication overlap -> ``enable_async_tensor_parallel = true`` (torchtitan needs
   ``compile`` on the model for it, noted).
-* selective recomputation -> ``mode = "selective"`` with ``selective_ac_option = "op"``
-  (torchtitan's op-level SAC), noted as an approximation: torchtitan's op policy saves the
+* op-level recomputation (``parallel.checkpoint = "op"``, torchtitan's own policy) ->
+  ``mode = "selective"`` with ``selective_ac_option = "op"``; selective recomputation (the
+  attention core) -> the same, noted as an approximation: torchtitan's op policy saves the
   attention kernel's outputs and every other matmul and recomputes the rest, not
   Korthikanti's attention-core-only policy the plan prices; full -> ``mode = "full"``.
 """
@@ -148,8 +149,11 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
         notes.append("torchtitan's tensor parallelism does not overlap the input gradients' "
                      "collectives with the weight-gradient GEMMs: the plan's prediction, "
                      "which assumes it (Megatron-LM's default), is optimistic here")
-    mode = "full" if layout.checkpoint else "selective" if layout.selective else "none"
+    mode = "full" if layout.checkpoint else "selective" if layout.selective or layout.op \
+        else "none"
     lines += ["", "[activation_checkpoint]", f"mode = {toml_value(mode)}"]
+    if layout.op:
+        lines.append('selective_ac_option = "op"')
     if layout.selective:
         lines.append('selective_ac_option = "op"')
         notes.append("torchtitan's op-level selective checkpointing saves the attention "

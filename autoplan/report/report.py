@@ -129,8 +129,8 @@ def _mesh(plan: Plan, timing: StageTiming, step: StepModel, figures: dict) -> Se
                      str(len(st.layer_names)), f"{st.ranks[0]}–{st.ranks[-1]}",
                      str(tuple(st.mesh_shape)),
                      str(len(st.checkpoint_layers)) + (
-                         " (selective)" if st.checkpoint_layers
-                         and plan.parallel.checkpoint == "selective" else ""),
+                         f" ({plan.parallel.checkpoint})" if st.checkpoint_layers
+                         and plan.parallel.checkpoint in ("selective", "op") else ""),
                      f"{c.forward_block * 1e3:.3g}", f"{c.backward_block * 1e3:.3g}"))
     table = Table(("stage", "pipeline rank", "layers", "count", "ranks", "mesh (dp, tp)",
                    "recomputed", "forward ms / micro-batch", "backward ms / micro-batch"),

@@ -42,10 +42,11 @@ from dataclasses import replace
 from autoplan.cluster import Cluster
 from autoplan.cost.batch_scale import batch_tensors
 from autoplan.cost.comm import CommModel, Group
-from autoplan.cost.compute import ComputeModel, op_base_name
+from autoplan.cost.compute import ComputeModel, op_base_name, op_kind
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
-from autoplan.cost.recompute import attention_core, core_fwd_flops
+from autoplan.cost.recompute import (attention_core, core_fwd_flops, op_kept_bytes,
+                                     op_recomputed_nodes, op_saved_nodes)
 from autoplan.cost.tp_overlap import NO_OVERLAP, tp_gemm_nodes, tp_overlap
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
 from autoplan.cost.shared_cores import tp_collectives, tp_gathers
@@ -54,6 +55,7 @@ from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucke
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
 from autoplan.planner.build import split_layers
+from autoplan.planner.grid.shapes import _axis_group, _is_block, divisors, fits  # noqa: F401
 from autoplan.precision import precision as precision_named
 
 __all__ = ["OVERLAP_COST", "Estimator", "divisors", "fits"]
@@ -96,15 +98,16 @@ class Estimator:
     # ---- per layer, cached by (layer kind, tp, sp) --------------------------------------
     @functools.lru_cache(maxsize=None)
     def _layer_time(self, index: int, tp: int, sp: bool, micro_batch: int
-                    ) -> tuple[float, float, float, float, float]:
-        """(forward, backward, attention-core forward, TP-GEMM forward, TP-GEMM backward)
-        compute seconds of layer ``index`` on one device of a TP group of ``tp``:
+                    ) -> tuple[float, float, float, float, float, float]:
+        """(forward, backward, attention-core forward, TP-GEMM forward, TP-GEMM backward,
+        forward of the ops op-level recomputation repeats) compute seconds of layer ``index``
+        on one device of a TP group of ``tp``:
         ``column``/``row``/``sharded`` ops do 1/tp of their work, ``replicated`` ones only
         sequence-sharded (``ComputeModel.layer_time``'s rule); ops on tensors that grow with
         the batch run at the micro-batch, the others (position ids, the causal mask) at their
         traced size, as the search prices them."""
         scale = micro_batch / self.b0
-        fwd = bwd = core = gemm_f = gemm_b = 0.0
+        fwd = bwd = core = gemm_f = gemm_b = op_re = 0.0
         for name in self.graph.layers[index].nodes:
             node = self.graph.nodes[name]
             # sequence-sharded: the replicated ops on batch tensors (not a causal mask built
@@ -116,14 +119,20 @@ class Estimator:
             bwd += b
             if name in self._core:
                 core += f
+            if name not in self._op_saved and op_kind(node) not in ("view", "comm"):
+                op_re += f                   # op_recomputed_nodes, for a block
             if name in self._gemms:
                 gemm_f += f
                 gemm_b += b
-        return fwd, bwd, core, gemm_f, gemm_b
+        return fwd, bwd, core, gemm_f, gemm_b, op_re
 
     @functools.cached_property
     def _core(self) -> frozenset[str]:
         return attention_core(self.graph)
+
+    @functools.cached_property
+    def _op_saved(self) -> frozenset[str]:
+        return op_saved_nodes(self.graph)
 
     @functools.cached_property
     def _gemms(self) -> frozenset[str]:
@@ -144,7 +153,7 @@ class Estimator:
         return out
 
     def _kind_time(self, index: int, tp: int, sp: bool, micro_batch: int
-                   ) -> tuple[float, float, float, float, float]:
+                   ) -> tuple[float, float, float, float, float, float]:
         return self._layer_time(self._rep[self.graph.layers[index].kind], tp, sp, micro_batch)
 
     @functools.cached_property
@@ -361,7 +370,7 @@ class Estimator:
         layer = self.graph.layers[i]
         st = layer.stats
         sp_l = self._sequence_sharded(i, sp)
-        f, b, core_f, g_f, g_b = self._kind_time(i, tp, sp_l, micro_batch)
+        f, b, core_f, g_f, g_b, op_f = self._kind_time(i, tp, sp_l, micro_batch)
         tp_f: list[float] = []
         tp_b: list[float] = []
         if tp > 1:
@@ -387,6 +396,7 @@ class Estimator:
         block = _is_block(layer.name)
         ckpt = recompute == "full" and block
         selective = recompute == "selective" and block
+        op_level = recompute == "op" and block
         grown, fixed = self._stats[i]
         sp_m = sp_l or (sp and i in self._masks_only)    # its activations sequence-sharded
         full = activation_bytes(grown, tp=tp, sequence_parallel=sp_m, checkpoint=False,
@@ -400,6 +410,13 @@ class Estimator:
                                    flash_attention=self.flash_attention) + fixed + kv_extra
             peak = selective_peak_bytes(grown, tp=tp, micro_batch_scale=tok,
                                         flash_attention=self.flash_attention)
+        elif op_level:  # the input and saved outputs kept; the rest and its all-gathers (SP)
+            split, rep, row, rows = op_kept_bytes(self.graph, i, self._op_saved,  # or
+                                                  lambda n: self._batchy[n][1])    # all-reduces
+            kept = split / tp + rep / (tp if sp_m else 1) + row + (rows / tp if sp_l else 0.0)
+            act = activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
+                                   checkpoint=True, micro_batch_scale=tok) + kept * tok
+            core, peak = (op_f + (tp_f[0] * (0.5 if sp_l else 1.0) if tp > 1 else 0.0)) / cp, full
         elif ckpt:
             # the kept input, sharded as it arrives (replicated from the embeddings)
             act = activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
@@ -569,6 +586,9 @@ class Estimator:
                 * gb / self.b0
         elif p.checkpoint == "selective":
             recompute_flops = core_fwd_flops(self.graph, core=self._core) * gb / self.b0
+        elif p.checkpoint == "op":
+            recompute_flops = core_fwd_flops(self.graph, core=op_recomputed_nodes(
+                self.graph, self._op_saved)) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,
                         tokens=gb * (self.graph.batch.seq_len or 1), model_flops=model_flops,
@@ -578,23 +598,3 @@ class Estimator:
         """The prediction for ``p`` (:meth:`autoplan.cost.step.StepModel.compose`: for ranks
         sharing CPU cores and calibrated where the cluster's cost model says so)."""
         return self.step.compose(self.chunks(p), self.workload(p))
-
-
-def _is_block(layer_name: str) -> bool:
-    return not layer_name.startswith("<")        # blocks are named; "<pre>", "<post>" not
-
-
-def fits(pred: Prediction) -> bool:
-    return pred.memory.total <= pred.memory_limit_bytes
-
-
-def divisors(n: int) -> list[int]:
-    out = [d for d in range(1, int(math.isqrt(n)) + 1) if n % d == 0]
-    return sorted(set(out + [n // d for d in out]))
-
-
-@functools.lru_cache(maxsize=4096)
-def _axis_group(size: int, per_node: int) -> Group:
-    """The group of ``size`` ranks, ``per_node`` of a node's devices on this axis (a pure
-    function, cached: the grid asks for the same few groups tens of thousands of times)."""
-    return Group(size=size, ranks_per_node=min(size, per_node))

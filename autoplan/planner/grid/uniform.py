@@ -45,6 +45,8 @@ class SearchSpace:
     dp: tuple[int, ...] | None = None
     zero: tuple[int, ...] = (0, 1, 2, 3)
     micro_batch: tuple[int, ...] | None = None
+    # "op" (torchtitan's op-level policy) is priced and run, but enumerated only when asked:
+    # Megatron-LM and DeepSpeed cannot express it
     checkpoint: tuple[str, ...] = ("none", "selective", "full")
     schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved_1f1b")
     virtual_stages: tuple[int, ...] = (2, 4)
@@ -278,7 +280,7 @@ def explain_infeasible(closest: Candidate, cluster: Cluster) -> str:
     if p.zero < 3 and p.dp > 1:                 # ZeRO shards over data-parallel ranks only
         hints.append("ZeRO-3")
     if p.checkpoint != "full":
-        hints.append("full activation checkpointing" if p.checkpoint == "selective"
+        hints.append("full activation checkpointing" if p.checkpoint in ("selective", "op")
                      else "activation checkpointing")
     if p.micro_batch > 1:
         hints.append("a smaller micro-batch")

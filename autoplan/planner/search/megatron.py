@@ -131,6 +131,9 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
         # grid's alone, so such a configuration cannot be repriced (compare it directly)
         raise ValueError(f"{p.label()}: expert/context parallelism is not expressible as "
                          "per-op placements")
+    if p.checkpoint == "op":
+        raise ValueError(f"{p.label()}: op-level recomputation is priced by the grid only "
+                         "(the search's stages recompute fully or the attention core)")
     ms = ev.ms
     graph = ms.graph
     mesh = LogicalMesh((p.dp, p.tp), ev.cm.cluster.devices_per_node)
