@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also consider TP collectives overlapped with their GEMMs (Megatron-LM "
                    "--tp-comm-overlap, torchtitan async TP): for plans you export; the "
                    "engine does not run them")
+    p.add_argument("--op-recompute", action="store_true",
+                   help="also consider torchtitan's op-level recomputation (attention outputs "
+                   "and every other matmul saved, the rest recomputed) in the uniform grid: "
+                   "the engine runs it and torchtitan exports it; Megatron-LM and DeepSpeed "
+                   "cannot express it")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
@@ -369,7 +374,9 @@ def _plan_command(args: argparse.Namespace) -> int:
     t_trace = time.perf_counter() - t0
     from autoplan.planner.grid.uniform import SearchSpace
 
-    space = SearchSpace(tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,))
+    space = SearchSpace(tp_comm_overlap=(False, True) if args.tp_comm_overlap else (False,),
+                        checkpoint=SearchSpace.checkpoint + (("op",) if args.op_recompute
+                                                             else ()))
     if args.planner == "uniform":
         plan, result = _progress_search(problem, space, top_k=args.top_k, quiet=args.json)
         search_s = result.seconds

@@ -7,9 +7,11 @@ and atomic writes (temp file + ``os.replace``).
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import reprlib
+import stat
 import tempfile
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -186,7 +188,23 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 
 def atomic_write(path: str | os.PathLike, content: str | bytes, mode: str) -> Path:
+    """A regular file (or a new one) is replaced atomically. A path that names a device or
+    a pipe (``-o /dev/null``, ``/dev/stdout``), directly or through a symlink, is written
+    through, never replaced: replacing it would put a regular file where the device was
+    (as root, ``/dev/null`` itself). Anything else that is not a regular file (a directory,
+    a socket) is refused with an OSError naming it."""
     path = Path(path)
+    try:
+        mode_bits = os.stat(path).st_mode            # follows symlinks: what a write reaches
+    except FileNotFoundError:
+        mode_bits = None
+    if mode_bits is not None and not stat.S_ISREG(mode_bits):
+        if stat.S_ISCHR(mode_bits) or stat.S_ISFIFO(mode_bits):
+            with open(path, mode) as f:
+                f.write(content)
+            return path
+        raise OSError(errno.EEXIST, "exists and is not a regular file; not replacing it",
+                      str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, default_file_mode())         # mkstemp's 0600 -> what the umask gives

@@ -182,3 +182,19 @@ def test_stage_times_round_trip(tmp_path):
     d["prediction"]["stage_times"][0]["forward"] = "fast"
     with pytest.raises(PlanError, match=r"field 'prediction.stage_times\[0\].forward'"):
         Plan.from_dict(d, source="x.json")
+
+
+def test_atomic_write_writes_through_devices_and_refuses_directories(tmp_path):
+    """``-o /dev/null`` must not replace the device with a regular file (as root it would);
+    a directory in the way is refused with an error naming it."""
+    import stat
+
+    atomic_write_text("/dev/null", "{}")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    link = tmp_path / "null-link"
+    link.symlink_to("/dev/null")
+    atomic_write_text(link, "{}")
+    assert link.is_symlink() and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(OSError, match="not a regular file.*d"):
+        atomic_write_text(tmp_path / "d", "{}")

@@ -150,3 +150,24 @@ def test_op_level_loss_parity_two_ranks(tmp_path):
         diff = max_rel_diff(losses(tmp_path / name), ref)
         print(f"parity {name}: max relative loss difference {diff:.2e}")
         assert diff <= 1e-5, name
+
+
+def test_the_grid_enumerates_op_only_when_asked(llama, capsys, tmp_path):
+    """The uniform grid prices op-level configurations when its space names the mode
+    (``autoplan plan --op-recompute``): more configurations, a plan never slower."""
+    import json
+
+    from autoplan.api import plan_problem
+    from autoplan.cli import main
+    from autoplan.planner.grid.uniform import SearchSpace
+
+    base, res = plan_problem(llama, planner="uniform", top_k=0)
+    wider, res_op = plan_problem(llama, planner="uniform", top_k=0,
+                                 space=SearchSpace(checkpoint=SearchSpace.checkpoint + ("op",)))
+    assert "op" not in SearchSpace.checkpoint and res_op.evaluated > res.evaluated
+    assert wider.prediction.step_time_s <= base.prediction.step_time_s * (1 + 1e-12)
+    argv = ["plan", "gpt", "--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "1024",
+            "--seq-len", "256", "--cluster", "dgx-a100", "--global-batch", "16",
+            "--planner", "uniform", "--op-recompute", "--json", "-o", str(tmp_path / "p.json")]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["prediction"]["fits"] is True

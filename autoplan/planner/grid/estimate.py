@@ -55,7 +55,8 @@ from autoplan.cost.step import OVERLAP_COST, REDUCE_BYTES, ChunkCost, ParamBucke
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
 from autoplan.planner.build import split_layers
-from autoplan.planner.grid.shapes import _axis_group, _is_block, divisors, fits  # noqa: F401
+from autoplan.planner.grid.shapes import (axis_group as _axis_group, divisors, fits,  # noqa
+                                          is_block as _is_block)
 from autoplan.precision import precision as precision_named
 
 __all__ = ["OVERLAP_COST", "Estimator", "divisors", "fits"]
@@ -584,11 +585,10 @@ class Estimator:
         if p.checkpoint == "full":
             recompute_flops = sum(layer.stats.fwd_flops for layer in self.graph.blocks()) \
                 * gb / self.b0
-        elif p.checkpoint == "selective":
-            recompute_flops = core_fwd_flops(self.graph, core=self._core) * gb / self.b0
-        elif p.checkpoint == "op":
-            recompute_flops = core_fwd_flops(self.graph, core=op_recomputed_nodes(
-                self.graph, self._op_saved)) * gb / self.b0
+        elif p.checkpoint in ("selective", "op"):     # the nodes each recomputes
+            again = self._core if p.checkpoint == "selective" else op_recomputed_nodes(
+                self.graph, self._op_saved)
+            recompute_flops = core_fwd_flops(self.graph, core=again) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,
                         tokens=gb * (self.graph.batch.seq_len or 1), model_flops=model_flops,

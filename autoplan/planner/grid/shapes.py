@@ -9,7 +9,7 @@ from autoplan.cost.comm import Group
 from autoplan.plan import Prediction
 
 
-def _is_block(layer_name: str) -> bool:
+def is_block(layer_name: str) -> bool:
     return not layer_name.startswith("<")        # blocks are named; "<pre>", "<post>" not
 
 
@@ -23,7 +23,7 @@ def divisors(n: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _axis_group(size: int, per_node: int) -> Group:
+def axis_group(size: int, per_node: int) -> Group:
     """The group of ``size`` ranks, ``per_node`` of a node's devices on this axis (a pure
     function, cached: the grid asks for the same few groups tens of thousands of times)."""
     return Group(size=size, ranks_per_node=min(size, per_node))
