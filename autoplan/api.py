@@ -75,6 +75,7 @@ class Problem:
     seq_len: int | None
     precision: str                 # a name of autoplan.precision: "mixed", "mixed-fp16", "fp32"
     memory_headroom: float = DEFAULT_HEADROOM   # fraction of device memory left free
+    fused: bool = True             # the runtime fuses element-wise ops (False: eager PyTorch)
 
     @property
     def precision_dict(self) -> dict[str, str]:
@@ -82,7 +83,7 @@ class Problem:
 
     def estimator(self) -> Estimator:
         return Estimator(self.graph, self.cluster, precision=self.precision,
-                         memory_headroom=self.memory_headroom)
+                         memory_headroom=self.memory_headroom, fused=self.fused)
 
 
 def check_precision(name: str | None, cluster: Cluster) -> str:
@@ -120,14 +121,18 @@ def _is_module(obj: Any) -> bool:
 def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch: int,
             nodes: int | None = None, seq_len: int | None = None,
             precision: str | None = None, check_fits: bool = False,
-            memory_headroom: float = DEFAULT_HEADROOM, example_inputs: Any = None) -> Problem:
+            memory_headroom: float = DEFAULT_HEADROOM, example_inputs: Any = None,
+            fused: bool = True) -> Problem:
     """Resolve the model and cluster and trace the model on the meta device, at micro-batch
     1 or, for a model whose BatchNorm refuses one sample per channel in training, the
     smallest batch it accepts. ``model`` may be an ``nn.Module`` (meta or real) with its
     ``example_inputs`` (``model(*example_inputs)`` returns the loss): see
     :func:`autoplan.models.registry.module_spec`. ``check_fits`` (for planning): first raise
     InfeasibleError when the model states alone cannot fit in the cluster's memory
-    (:mod:`autoplan.planner.bounds`), without tracing."""
+    (:mod:`autoplan.planner.bounds`), without tracing. ``fused=False``: the runtime runs
+    element-wise ops unfused, as traced (eager PyTorch, torchtitan without torch.compile);
+    by default as a fusing runtime does (Megatron-LM's fused kernels, torch.compile:
+    :mod:`autoplan.cost.compute`, phi)."""
     from autoplan.models.registry import module_spec
 
     if _is_module(model):
@@ -148,6 +153,8 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
             or not 0 <= memory_headroom < 1:
         raise ConfigError(f"must be a fraction in [0, 1), got {memory_headroom!r}"[:200],
                           field="memory_headroom")
+    if not isinstance(fused, bool):
+        raise ConfigError(f"must be True or False, got {fused!r}"[:200], field="fused")
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
@@ -166,7 +173,8 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
         from autoplan.cost.fused import fuse_saved_activations
 
         graph = fuse_saved_activations(graph)
-    return Problem(spec, graph, clus, global_batch, seq, precision, float(memory_headroom))
+    return Problem(spec, graph, clus, global_batch, seq, precision, float(memory_headroom),
+                   fused)
 
 
 def _trace_smallest_batch(spec: ModelSpec, seq_len: int | None, dtype) -> OpGraph:
@@ -296,7 +304,8 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     try:
         result = search(problem.spec, problem.graph, problem.cluster,
                         global_batch=problem.global_batch, precision=problem.precision,
-                        options=options)
+                        options=options, memory_headroom=problem.memory_headroom,
+                        fused=problem.fused)
     except InfeasibleError as exc:
         if uniform_error is not None:
             raise InfeasibleError(f"{uniform_error} (the search found no plan either: "

@@ -137,6 +137,10 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
                    help="fraction of device memory a plan leaves free beyond the modelled "
                         "overheads (CUDA context, NCCL buffers, allocator reserve, "
                         "temporaries); default 0.02")
+    p.add_argument("--eager", action="store_true",
+                   help="price element-wise ops as traced, unfused (eager PyTorch: "
+                        "autoplan's own engine, torchtitan without torch.compile); default: "
+                        "fused, as Megatron-LM's kernels or torch.compile run them")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -344,7 +348,7 @@ def _prepare(args: argparse.Namespace, check_fits: bool = False):
     with console.status(f"tracing {args.model} on the meta device ...", spinner="dots"):
         problem = prepare(spec, args.cluster, global_batch=args.global_batch,
                           nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
-                          check_fits=check_fits,
+                          check_fits=check_fits, fused=not getattr(args, "eager", False),
                           **({"memory_headroom": args.memory_headroom}
                              if getattr(args, "memory_headroom", None) is not None else {}))
     if spec.source == "hf" and args.seq_len is None:

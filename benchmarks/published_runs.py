@@ -50,7 +50,7 @@ DATA = HERE / "data" / "published_runs.yaml"
 BEFORE = HERE / "results" / "published_runs_before.json"
 
 RUN_KEYS = {"id", "source", "cluster", "gpus", "model", "global_batch", "parallel", "metric",
-            "accounting", "assumed", "approximations", "seq_len", "modelled"}
+            "accounting", "assumed", "approximations", "seq_len", "modelled", "eager"}
 PARALLEL_KEYS = {"tp", "pp", "zero", "checkpoint", "schedule", "micro_batch",
                  "virtual_stages", "sequence_parallel", "tp_comm_overlap"}
 METRICS = {"tflops_per_gpu", "tokens_per_gpu", "mfu"}
@@ -107,6 +107,8 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
             raise DataError(f"{where}: field 'metric.value': must be a positive number")
         if not isinstance(row.get("modelled", True), bool):
             raise DataError(f"{where}: field 'modelled': must be true or false")
+        if not isinstance(row.get("eager", False), bool):
+            raise DataError(f"{where}: field 'eager': must be true or false")
         gpus, dp_div = row["gpus"], par["tp"] * par["pp"]
         if not isinstance(gpus, int) or gpus % 8 or gpus % dp_div:
             raise DataError(f"{where}: field 'gpus': must be a multiple of 8 and of tp*pp")
@@ -152,7 +154,8 @@ def _problem(run: dict):
     spec = resolve(run["model"]["preset"], **overrides)
     return spec, prepare(spec, cluster_of(run), nodes=run["gpus"] // 8,
                          global_batch=run["global_batch"], seq_len=run["seq_len"],
-                         precision=run.get("precision", "mixed"))
+                         precision=run.get("precision", "mixed"),
+                         fused=not run.get("eager", False))
 
 
 def cluster_of(run: dict) -> str:

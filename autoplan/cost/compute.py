@@ -61,7 +61,12 @@ numbers, never tuned per model:
   that a training framework still runs. Megatron-LM fuses scale+mask+softmax, bias+GeLU and
   bias+dropout+add; counting bytes op by op over a GPT block's aten graph, these fusions keep
   0.42-0.58 of the element-wise traffic (lower without dropout, higher with it): phi = 0.5 on
-  GPUs. On CPU autoplan's engine runs eager PyTorch with no fusion: phi = 1. The loss
+  GPUs. On CPU autoplan's engine runs eager PyTorch with no fusion: phi = 1; so does a GPU
+  run the user says is eager (``prepare(fused=False)``, ``--eager``: torchtitan without
+  torch.compile, autoplan's own engine). A check on data phi was not set from: torchtitan's
+  Llama 3.1 8B FSDP runs on 8 and 128 H100 measured torch.compile 1.157x and 1.162x faster
+  than eager; phi 0.5 against 1 predicts 1.126x and 1.127x
+  (``benchmarks/published_runs.py``, rows ``titan-8b-*``). The loss
   (``LOSS_OPS``: log-softmax and NLL over the vocabulary) is not in a block's fused chains:
   it runs as traced, phi = 1 (Megatron-LM's unfused vocab-parallel cross entropy runs max,
   subtract, exp, sum and log as separate passes, more than the traced two).

@@ -57,7 +57,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -294,18 +294,25 @@ class CostProvenance:
 
 
 def resolve_cost_models(cluster: Cluster, precision: str = "mixed",
-                        compute: ComputeModel | None = None, comm: CommModel | None = None
+                        compute: ComputeModel | None = None, comm: CommModel | None = None,
+                        *, fused: bool = True
                         ) -> tuple[ComputeModel, CommModel, CostProvenance | None]:
     """The compute and communication models a cost estimator runs on, and their provenance:
     with neither ``compute`` nor ``comm`` given, the cluster's measured profiles and
     calibration where it has them (:func:`cost_models_for`); otherwise the ones given, the
-    roofline / alpha-beta model standing in for one left out, and no provenance."""
+    roofline / alpha-beta model standing in for one left out, and no provenance.
+    ``fused=False``: the runtime runs the element-wise ops as traced (eager PyTorch: the
+    roofline's fusion factor phi is 1, :mod:`autoplan.cost.compute`); measured op times
+    already are what ran."""
     provenance = None
     if compute is None and comm is None:
         compute, comm, provenance = cost_models_for(cluster, precision)
     compute_dtype = precision_named(precision, "precision").compute
-    return (compute or ComputeModel(cluster.device, dtype=compute_dtype),
-            comm or CommModel(cluster), provenance)
+    compute = compute or ComputeModel(cluster.device, dtype=compute_dtype)
+    if not fused and compute.measured is None and compute.measured_at is None:
+        compute = ComputeModel(compute.device, dtype=compute.dtype,
+                               efficiency=replace(compute.efficiency, fusion=1.0))
+    return compute, comm or CommModel(cluster), provenance
 
 
 def cost_models_for(cluster: Cluster, precision: str = "mixed",

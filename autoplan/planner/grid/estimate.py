@@ -68,7 +68,7 @@ class Estimator:
     def __init__(self, graph: OpGraph, cluster: Cluster, *, precision: str = "mixed",
                  compute: ComputeModel | None = None, comm: CommModel | None = None,
                  flash_attention: bool = False, provenance: CostProvenance | None = None,
-                 memory_headroom: float = DEFAULT_HEADROOM):
+                 memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True):
         """``compute`` / ``comm``: models to use instead of the cluster's measured profiles
         (:func:`~autoplan.cost.profiled.resolve_cost_models`); ``provenance``: where such
         models came from (:func:`~autoplan.cost.profiled.cost_models_for`), whose shared-core
@@ -78,8 +78,8 @@ class Estimator:
         self.precision = precision
         compute_dtype = precision_named(precision, "precision").compute
         # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
-        self.compute, self.comm, self.cost_provenance = resolve_cost_models(cluster, precision,
-                                                                            compute, comm)
+        self.compute, self.comm, self.cost_provenance = resolve_cost_models(
+            cluster, precision, compute, comm, fused=fused)
         if provenance is not None:
             self.cost_provenance = provenance
         self.peak = cluster.device.peak_flops(compute_dtype)

@@ -130,7 +130,7 @@ class CostModel:
 
     def __init__(self, graph: OpGraph, cluster: Cluster, *, precision: str = "mixed",
                  compute: ComputeModel | None = None, comm: CommModel | None = None,
-                 memory_headroom: float = DEFAULT_HEADROOM):
+                 memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True):
         self.graph = graph
         #: device memory a plan may fill (:func:`autoplan.cost.memory.usable_bytes`)
         self.memory_limit_bytes = usable_bytes(cluster.device.memory_bytes, memory_headroom)
@@ -141,7 +141,8 @@ class CostModel:
         from autoplan.cost.profiled import resolve_cost_models
 
         self.compute, self.comm, self.provenance = resolve_cost_models(cluster, precision,
-                                                                       compute, comm)
+                                                                       compute, comm,
+                                                                       fused=fused)
         calibration = getattr(self.provenance, "calibration", None)
         self.calibration = calibration if calibration is not None and \
             not calibration.is_identity else None
