@@ -248,3 +248,43 @@ if __name__ == "__main__":
     from engine.run import run_and_exit
 
     run_and_exit(lambda: _main(sys.argv[1:]))
+
+
+def recompute_backward_ops(model: dict, modes) -> tuple[dict, dict]:
+    """One process, the built-in GPT of config ``model`` with every block wrapped as each
+    of ``modes`` says (None: not wrapped, ``engine.recompute.wrap``): per mode its
+    parameters' gradients after one backward and the count of each aten op that backward
+    ran (the recomputed forward ops among them)."""
+    import copy
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from engine import model as model_lib
+    from engine.recompute import wrap
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count: Counter = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count[func.__name__.split(".")[0]] += 1
+            return func(*args, **(kwargs or {}))
+
+    spec = ModelSpec("builtin", "gpt", dict(model))
+    base = model_lib.build_chunk(spec, model_lib.model_info(spec).layer_names())
+    model_lib.materialize(base, model_lib.initializer(spec), torch.device("cpu"), 0)
+    tokens = torch.randint(0, model["vocab_size"], (2, model["seq_len"]))
+    grads, ran = {}, {}
+    for mode in modes:
+        m = copy.deepcopy(base)
+        if mode:
+            for k in list(m.blocks.keys()):
+                m.blocks[k] = wrap(m.blocks[k], mode)
+        loss = m(tokens, tokens)
+        with Ops() as ops:
+            loss.backward()
+        ran[mode] = ops.count
+        grads[mode] = [p.grad for p in m.parameters()]
+    return grads, ran

@@ -10,7 +10,6 @@ multi-process gloo loss-parity run against one process (``multiproc``).
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -29,7 +28,8 @@ from autoplan.export.torchtitan import to_torchtitan
 from autoplan.models import resolve
 from autoplan.plan import ParallelConfig, Plan
 from autoplan.planner.grid.uniform import SearchSpace, enumerate_configs
-from engine_helpers import TINY, losses, make_plan, max_rel_diff, run_plans
+from engine_helpers import (TINY, losses, make_plan, max_rel_diff,
+                            recompute_backward_ops, run_plans)
 
 EAGER = dict(vocab_size=2048, hidden=512, layers=8, heads=8, seq_len=256, attention="eager")
 # (seq_len != hidden: the tracer tells an attention matrix by its (..., s, s) shape)
@@ -313,36 +313,9 @@ def test_selective_policy_recomputes_the_attention_core_only(attention):
     """One process: the wrapped blocks give bit-equal gradients; the forward ops that run
     again during backward are the attention core's under selective recomputation (softmax /
     the fused kernel, no linear layer's addmm, no norm), and everything under full."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from autoplan.models.registry import ModelSpec
-    from engine import model as model_lib
-    from engine.recompute import wrap
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names: set[str] = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.add(func.__name__.split(".")[0])
-            return func(*args, **(kwargs or {}))
-
-    spec = ModelSpec("builtin", "gpt", dict(TINY, attention=attention))
-    base = model_lib.build_chunk(spec, model_lib.model_info(spec).layer_names())
-    model_lib.materialize(base, model_lib.initializer(spec), torch.device("cpu"), 0)
-    tokens = torch.randint(0, TINY["vocab_size"], (2, TINY["seq_len"]))
-    grads, in_backward = {}, {}
-    for mode in (None, "selective", "full"):
-        m = copy.deepcopy(base)
-        if mode:
-            for k in list(m.blocks.keys()):
-                m.blocks[k] = wrap(m.blocks[k], mode)
-        loss = m(tokens, tokens)
-        with Ops() as ops:
-            loss.backward()
-        in_backward[mode] = ops.names
-        grads[mode] = [p.grad for p in m.parameters()]
+    grads, counts = recompute_backward_ops(dict(TINY, attention=attention),
+                                           (None, "selective", "full"))
+    in_backward = {mode: set(c) for mode, c in counts.items()}
     for mode in ("selective", "full"):
         assert all(torch.equal(a, b) for a, b in zip(grads[None], grads[mode])), mode
     core = "_softmax" if attention == "eager" else "_scaled_dot_product_flash_attention_for_cpu"

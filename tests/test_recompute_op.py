@@ -5,8 +5,6 @@ and loss parity on two gloo ranks."""
 
 from __future__ import annotations
 
-import copy
-from collections import Counter
 
 import pytest
 import torch
@@ -20,7 +18,8 @@ from autoplan.export.megatron import megatron_args
 from autoplan.export.torchtitan import to_torchtitan
 from autoplan.models import resolve
 from autoplan.plan import ParallelConfig, Plan
-from engine_helpers import TINY, TINY_LLAMA, losses, make_plan, max_rel_diff, run_plans
+from engine_helpers import (TINY, TINY_LLAMA, losses, make_plan, max_rel_diff,
+                            recompute_backward_ops, run_plans)
 
 
 @pytest.fixture(scope="module")
@@ -52,36 +51,7 @@ def test_engine_policy_runs_half_the_matmuls_again_with_equal_gradients():
     """One process: op-level recomputation gives gradients bit-equal to none; in backward
     it runs again about half of each block's linear layers and every norm and GeLU, and no
     attention kernel (full recomputation runs all of them)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from autoplan.models.registry import ModelSpec
-    from engine import model as model_lib
-    from engine.recompute import wrap
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count: Counter = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count[func.__name__.split(".")[0]] += 1
-            return func(*args, **(kwargs or {}))
-
-    spec = ModelSpec("builtin", "gpt", dict(TINY))
-    base = model_lib.build_chunk(spec, model_lib.model_info(spec).layer_names())
-    model_lib.materialize(base, model_lib.initializer(spec), torch.device("cpu"), 0)
-    tokens = torch.randint(0, TINY["vocab_size"], (2, TINY["seq_len"]))
-    grads, ran = {}, {}
-    for mode in (None, "op", "full"):
-        m = copy.deepcopy(base)
-        if mode:
-            for k in list(m.blocks.keys()):
-                m.blocks[k] = wrap(m.blocks[k], mode)
-        loss = m(tokens, tokens)
-        with Ops() as ops:
-            loss.backward()
-        ran[mode] = ops.count
-        grads[mode] = [p.grad for p in m.parameters()]
+    grads, ran = recompute_backward_ops(TINY, (None, "op", "full"))
     assert all(torch.equal(a, b) for a, b in zip(grads[None], grads["op"]))
     blocks, attn = TINY["layers"], "_scaled_dot_product_flash_attention_for_cpu"
     # full recomputation runs each block's n linear layers again, op-level the even ones
