@@ -50,7 +50,10 @@ DATA = HERE / "data" / "published_runs.yaml"
 BEFORE = HERE / "results" / "published_runs_before.json"
 
 RUN_KEYS = {"id", "source", "cluster", "gpus", "model", "global_batch", "parallel", "metric",
-            "accounting", "assumed", "approximations", "seq_len", "modelled", "eager"}
+            "accounting", "assumed", "approximations", "seq_len", "modelled", "eager",
+            "memory"}
+#: bytes per unit of a published memory figure
+MEMORY_UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 PARALLEL_KEYS = {"tp", "pp", "zero", "checkpoint", "schedule", "micro_batch",
                  "virtual_stages", "sequence_parallel", "tp_comm_overlap"}
 METRICS = {"tflops_per_gpu", "tokens_per_gpu", "mfu"}
@@ -109,6 +112,14 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
             raise DataError(f"{where}: field 'modelled': must be true or false")
         if not isinstance(row.get("eager", False), bool):
             raise DataError(f"{where}: field 'eager': must be true or false")
+        mem = row.get("memory")
+        if mem is not None and not (isinstance(mem, dict) and set(mem) == {"value", "unit"}
+                                    and mem["unit"] in MEMORY_UNITS
+                                    and isinstance(mem["value"], (int, float))
+                                    and not isinstance(mem["value"], bool)
+                                    and mem["value"] > 0):
+            raise DataError(f"{where}: field 'memory': {{value: a positive number, unit: "
+                            f"{' or '.join(MEMORY_UNITS)}}}")
         gpus, dp_div = row["gpus"], par["tp"] * par["pp"]
         if not isinstance(gpus, int) or gpus % 8 or gpus % dp_div:
             raise DataError(f"{where}: field 'gpus': must be a multiple of 8 and of tp*pp")
@@ -231,6 +242,16 @@ def explain(paper, auto) -> list[str]:
     return [f"{k} {a[k]:.3g}s -> {b[k]:.3g}s" for d, k in diffs if d > 0.02 * a["total"]][:3]
 
 
+def _published_memory(run: dict, predicted_bytes: float) -> dict:
+    """The source's measured peak memory, if it gives one, and the prediction's error."""
+    mem = run.get("memory")
+    if mem is None:
+        return {}
+    measured = mem["value"] * MEMORY_UNITS[mem["unit"]]
+    return {"published_memory_gb": measured / 1e9,
+            "memory_err": predicted_bytes / measured - 1}
+
+
 # ---- calibration, leave one source out --------------------------------------------------------
 def fit_scale(ratios: list[float]) -> float:
     """The time scale k fitted to ratios t_published / t_predicted: their median."""
@@ -290,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                "breakdown_s": paper.prediction.time.to_dict(),
                "memory_breakdown_gb": {k: v / 1e9 for k, v in
                                        paper.prediction.memory.to_dict().items()},
+               **_published_memory(run, paper.prediction.memory.total),
                "accounting": run["accounting"], "assumed": run.get("assumed", ""),
                "modelled": run.get("modelled", True),
                "approximations": run.get("approximations", ""),
@@ -352,6 +374,16 @@ def main(argv: list[str] | None = None) -> int:
                 ["source", "runs", "before median", "shipped median", "in-sample median",
                  "held-out median",
                  "held-out max", "k fitted on the others"], per_source)
+    measured = [r for r in rows if "memory_err" in r]
+    if measured:
+        print_table("Peak memory where the source measured it (predicted / measured - 1)",
+                    ["run", "config", "measured GB", "predicted GB", "error"],
+                    [[r["id"], r["config"], f"{r['published_memory_gb']:.1f}",
+                      f"{r['memory_gb']:.1f}", f"{100 * r['memory_err']:+.1f}%"]
+                     for r in measured])
+        med = statistics.median(abs(r["memory_err"]) for r in measured)
+        targets.append(target("peak memory: median |error| where measured", "<= 0.15",
+                              round(med, 4), med <= 0.15))
     targets.append(target("runs", ">= 30", len(rows), len(rows) >= 30))
     targets.append(target("sources", ">= 6", len({r['source'] for r in rows}),
                           len({r['source'] for r in rows}) >= 6))

@@ -66,3 +66,27 @@ def test_modelled_must_be_a_boolean(tmp_path):
     bad.write_text(data.replace("    modelled: false", "    modelled: 'no'", 1))
     with pytest.raises(DataError, match=r"\(sc21-z3-175b-384\): field 'modelled'"):
         load_runs(bad)
+
+
+def test_measured_memory_and_eager_fields_are_validated(tmp_path):
+    """A row's measured peak memory is {value, unit} in GiB or GB and its error is the
+    prediction over it; ``eager`` is a boolean; anything else names the row and field."""
+    from benchmarks.published_runs import _published_memory
+
+    _, runs = load_runs()
+    measured = [r for r in runs if r.get("memory")]
+    assert measured and all(r["source"] == "torchtitan" for r in measured)
+    row = _published_memory({"memory": {"value": 80.0, "unit": "GiB"}}, 80 * 2 ** 30 * 0.9)
+    assert row["published_memory_gb"] == pytest.approx(85.899, rel=1e-4)
+    assert row["memory_err"] == pytest.approx(-0.1)
+    assert _published_memory({}, 1.0) == {}
+    data = (ROOT / "benchmarks" / "data" / "published_runs.yaml").read_text()
+    for old, new, field in (("memory: {value: 82.4, unit: GiB}", "memory: {value: 82.4, unit: MB}",
+                             "memory"),
+                            ("memory: {value: 82.4, unit: GiB}", "memory: {value: -1, unit: GiB}",
+                             "memory"),
+                            ("    eager: true\n", "    eager: yes please\n", "eager")):
+        bad = tmp_path / "runs.yaml"
+        bad.write_text(data.replace(old, new, 1))
+        with pytest.raises(DataError, match=rf"runs\[\d+\] \([\w.-]+\): field '{field}'"):
+            load_runs(bad)
