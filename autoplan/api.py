@@ -76,6 +76,7 @@ class Problem:
     precision: str                 # a name of autoplan.precision: "mixed", "mixed-fp16", "fp32"
     memory_headroom: float = DEFAULT_HEADROOM   # fraction of device memory left free
     fused: bool = True             # the runtime fuses element-wise ops (False: eager PyTorch)
+    fused_loss: bool | None = None  # ... and the loss's backward (None: as fused)
 
     @property
     def precision_dict(self) -> dict[str, str]:
@@ -83,7 +84,8 @@ class Problem:
 
     def estimator(self) -> Estimator:
         return Estimator(self.graph, self.cluster, precision=self.precision,
-                         memory_headroom=self.memory_headroom, fused=self.fused)
+                         memory_headroom=self.memory_headroom, fused=self.fused,
+                         fused_loss=self.fused_loss)
 
 
 def check_precision(name: str | None, cluster: Cluster) -> str:
@@ -122,7 +124,7 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
             nodes: int | None = None, seq_len: int | None = None,
             precision: str | None = None, check_fits: bool = False,
             memory_headroom: float = DEFAULT_HEADROOM, example_inputs: Any = None,
-            fused: bool = True) -> Problem:
+            fused: bool = True, fused_loss: bool | None = None) -> Problem:
     """Resolve the model and cluster and trace the model on the meta device, at micro-batch
     1 or, for a model whose BatchNorm refuses one sample per channel in training, the
     smallest batch it accepts. ``model`` may be an ``nn.Module`` (meta or real) with its
@@ -132,7 +134,10 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     (:mod:`autoplan.planner.bounds`), without tracing. ``fused=False``: the runtime runs
     element-wise ops unfused, as traced (eager PyTorch, torchtitan without torch.compile);
     by default as a fusing runtime does (Megatron-LM's fused kernels, torch.compile:
-    :mod:`autoplan.cost.compute`, phi)."""
+    :mod:`autoplan.cost.compute`, phi). ``fused_loss``: whether the loss's backward is fused
+    (a fused cross-entropy kernel, torch.compile, Megatron-LM's in-place one) or holds
+    eager PyTorch's two fp32 gradients (:func:`autoplan.cost.memory.loss_temporaries_bytes`);
+    None: as ``fused``."""
     from autoplan.models.registry import module_spec
 
     if _is_module(model):
@@ -155,6 +160,9 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
                           field="memory_headroom")
     if not isinstance(fused, bool):
         raise ConfigError(f"must be True or False, got {fused!r}"[:200], field="fused")
+    if fused_loss is not None and not isinstance(fused_loss, bool):
+        raise ConfigError(f"must be True, False or None, got {fused_loss!r}"[:200],
+                          field="fused_loss")
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
@@ -174,7 +182,7 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
 
         graph = fuse_saved_activations(graph)
     return Problem(spec, graph, clus, global_batch, seq, precision, float(memory_headroom),
-                   fused)
+                   fused, fused_loss)
 
 
 def _trace_smallest_batch(spec: ModelSpec, seq_len: int | None, dtype) -> OpGraph:
@@ -305,7 +313,7 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
         result = search(problem.spec, problem.graph, problem.cluster,
                         global_batch=problem.global_batch, precision=problem.precision,
                         options=options, memory_headroom=problem.memory_headroom,
-                        fused=problem.fused)
+                        fused=problem.fused, fused_loss=problem.fused_loss)
     except InfeasibleError as exc:
         if uniform_error is not None:
             raise InfeasibleError(f"{uniform_error} (the search found no plan either: "

@@ -51,7 +51,7 @@ BEFORE = HERE / "results" / "published_runs_before.json"
 
 RUN_KEYS = {"id", "source", "cluster", "gpus", "model", "global_batch", "parallel", "metric",
             "accounting", "assumed", "approximations", "seq_len", "modelled", "eager",
-            "memory"}
+            "fused_loss", "memory"}
 #: bytes per unit of a published memory figure
 MEMORY_UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 PARALLEL_KEYS = {"tp", "pp", "zero", "checkpoint", "schedule", "micro_batch",
@@ -110,8 +110,9 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
             raise DataError(f"{where}: field 'metric.value': must be a positive number")
         if not isinstance(row.get("modelled", True), bool):
             raise DataError(f"{where}: field 'modelled': must be true or false")
-        if not isinstance(row.get("eager", False), bool):
-            raise DataError(f"{where}: field 'eager': must be true or false")
+        for key in ("eager", "fused_loss"):
+            if not isinstance(row.get(key, False), bool):
+                raise DataError(f"{where}: field '{key}': must be true or false")
         mem = row.get("memory")
         if mem is not None and not (isinstance(mem, dict) and set(mem) == {"value", "unit"}
                                     and mem["unit"] in MEMORY_UNITS
@@ -166,7 +167,8 @@ def _problem(run: dict):
     return spec, prepare(spec, cluster_of(run), nodes=run["gpus"] // 8,
                          global_batch=run["global_batch"], seq_len=run["seq_len"],
                          precision=run.get("precision", "mixed"),
-                         fused=not run.get("eager", False))
+                         fused=not run.get("eager", False),
+                         fused_loss=run.get("fused_loss"))
 
 
 def cluster_of(run: dict) -> str:

@@ -24,6 +24,9 @@ def test_runtime_bytes_count_context_and_each_communicator():
 def test_loss_temporaries_are_the_fp32_gradient_of_the_logits():
     # Llama 3: 8192 tokens x 128256 vocabulary, vocabulary-parallel over TP 8
     assert loss_temporaries_bytes(8192 * 128256, tp=8) == pytest.approx(4 * 8192 * 128256 / 8)
+    # eager PyTorch's backward holds the NLL's and the log-softmax's fp32 gradients at once
+    assert loss_temporaries_bytes(8192 * 128256, tp=8, eager=True) == \
+        pytest.approx(8 * 8192 * 128256 / 8)
     with pytest.raises(ValueError, match="tp"):
         loss_temporaries_bytes(1.0, tp=0)
 

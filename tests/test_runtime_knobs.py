@@ -51,3 +51,30 @@ def test_the_search_keeps_the_users_memory_headroom_and_runtime(spec):
     assert result.prediction.step_time_s > default.prediction.step_time_s   # eager: slower
     plan, _ = plan_problem(problem, top_k=0)
     assert plan.prediction.memory_limit_bytes == pytest.approx(limit)
+
+
+def test_an_eager_loss_holds_two_float32_gradients(spec):
+    """The last stage of an eager run keeps one more fp32 logits-sized tensor at the loss's
+    backward (autoplan.cost.memory.loss_temporaries_bytes), in the grid and in the search."""
+    fused = prepare(spec, "dgx-a100", nodes=1, global_batch=16)
+    eager = prepare(spec, "dgx-a100", nodes=1, global_batch=16, fused=False)
+    a = estimate(None, None, global_batch=16, problem=fused).prediction.memory
+    b = estimate(None, None, global_batch=16, problem=eager).prediction.memory
+    logits = SMALL["seq_len"] * SMALL["vocab_size"]          # estimate's micro-batch: 1
+    assert b.other - a.other == pytest.approx(4 * logits * 1.05, rel=0.02)
+    assert b.activations == a.activations
+
+
+def test_a_fused_loss_in_an_eager_runtime(spec):
+    """llm-foundry's MPT: element-wise ops eager, the loss a fused cross-entropy kernel:
+    the eager time, the fused loss's memory."""
+    eager = prepare(spec, "dgx-a100", nodes=1, global_batch=16, fused=False)
+    mixed = prepare(spec, "dgx-a100", nodes=1, global_batch=16, fused=False, fused_loss=True)
+    fused = prepare(spec, "dgx-a100", nodes=1, global_batch=16)
+    e, m, f = (estimate(None, None, global_batch=16, problem=p).prediction
+               for p in (eager, mixed, fused))
+    assert m.step_time_s == pytest.approx(e.step_time_s) and m.step_time_s > f.step_time_s
+    assert m.memory.total == pytest.approx(f.memory.total)
+    assert m.memory.total < e.memory.total
+    with pytest.raises(Exception, match="fused_loss"):
+        prepare(spec, "dgx-a100", global_batch=16, fused_loss="yes")

@@ -68,14 +68,14 @@ class Estimator:
     def __init__(self, graph: OpGraph, cluster: Cluster, *, precision: str = "mixed",
                  compute: ComputeModel | None = None, comm: CommModel | None = None,
                  flash_attention: bool = False, provenance: CostProvenance | None = None,
-                 memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True):
+                 memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True,
+                 fused_loss: bool | None = None):
         """``compute`` / ``comm``: models to use instead of the cluster's measured profiles
         (:func:`~autoplan.cost.profiled.resolve_cost_models`); ``provenance``: where such
         models came from (:func:`~autoplan.cost.profiled.cost_models_for`), whose shared-core
-        property and calibration the step then has."""
-        self.graph = graph
-        self.cluster = cluster
-        self.precision = precision
+        property and calibration the step then has; ``fused`` / ``fused_loss``: the runtime
+        fuses element-wise ops / the loss's backward (None: as ``fused``; api.prepare)."""
+        self.graph, self.cluster, self.precision = graph, cluster, precision
         compute_dtype = precision_named(precision, "precision").compute
         # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
         self.compute, self.comm, self.cost_provenance = resolve_cost_models(
@@ -83,9 +83,9 @@ class Estimator:
         if provenance is not None:
             self.cost_provenance = provenance
         self.peak = cluster.device.peak_flops(compute_dtype)
-        self.reduce_bytes = REDUCE_BYTES
-        self.param_bytes = PRECISION_BYTES[precision][0]
+        self.reduce_bytes, self.param_bytes = REDUCE_BYTES, PRECISION_BYTES[precision][0]
         self.flash_attention = flash_attention
+        self.eager_loss = not (fused if fused_loss is None else fused_loss)
         self.b0 = graph.batch.batch_size
         prov = self.cost_provenance
         self.step = StepModel(self.compute, self.comm, precision=precision,
@@ -495,7 +495,7 @@ class Estimator:
         return ChunkCost(fwd, bwd, tp_f, tp_b, send, act, peak, recompute == "full", buckets,
                          gathered, zero, dp * cp * tp, cpu_f, cpu_b, modules,
                          transient=temporary_bytes(self.graph, start, end,
-                                                   micro_batch / self.b0 / cp, tp),
+                                                   micro_batch / self.b0 / cp, tp, self.eager_loss),
                          selective=core, tp_overlap=overlap[0],
                          tp_overlap_backward=overlap[1], gemm_fwd=gemm_f, gemm_bwd=gemm_b)
 

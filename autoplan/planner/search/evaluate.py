@@ -372,7 +372,8 @@ class Evaluator:
                          float(act), float(peak), st.checkpoint, buckets, float(gathered),
                          st.zero, mesh.size, float(cpu_f), float(cpu_b), modules,
                          transient=temporary_bytes(self.graph, st.start, st.end,
-                                                   micro_batch / self.b0, mesh.size),
+                                                   micro_batch / self.b0, mesh.size,
+                                                   eager=not getattr(self.cm, "fused_loss", True)),
                          selective=float(core),
                          tp_overlap=mesh.shape[-1] if st.tp_overlap else 0,
                          gemm_fwd=float(gemm_f), gemm_bwd=float(gemm_b))

@@ -197,17 +197,17 @@ class _Workspace:
 def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
            precision: str = "mixed", options: SearchOptions = SearchOptions(),
            structure: ModelStructure | None = None, memory_headroom: float | None = None,
-           fused: bool = True) -> SearchResult:
+           fused: bool = True, fused_loss: bool | None = None) -> SearchResult:
     """(module docstring) Raises InfeasibleError when nothing fits. ``memory_headroom``:
     the fraction of device memory plans leave free (default :data:`autoplan.cost.memory.
-    DEFAULT_HEADROOM`); ``fused``: whether the runtime fuses element-wise ops
-    (:func:`autoplan.cost.profiled.resolve_cost_models`)."""
+    DEFAULT_HEADROOM`); ``fused`` / ``fused_loss``: whether the runtime fuses element-wise
+    ops / the loss's backward (:func:`autoplan.api.prepare`)."""
     opts = options
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     ms = structure or analyse(spec, graph)
     seconds["analyse"] = time.perf_counter() - t0
-    cm = CostModel(graph, cluster, precision=precision, fused=fused,
+    cm = CostModel(graph, cluster, precision=precision, fused=fused, fused_loss=fused_loss,
                    **({} if memory_headroom is None else {"memory_headroom": memory_headroom}))
     ev = Evaluator(cm, ms)
     t1 = time.perf_counter()
