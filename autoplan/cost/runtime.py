@@ -25,10 +25,10 @@ and refits it from the modelled step (``TimeBreakdown.total - runtime``).
 Checks on data the constant never saw: the Megatron-Core r0.8 H100 table (Megatron-LM README,
 July 2024; 11 runs, 48 to 6,144 GPUs, added after the fit) comes out at a median error of
 3.0% with the shipped constant (max 16.4%, its smallest model); torchtitan's Llama 3 / 3.1
-8B runs (op-level selective checkpointing, eager and compiled; 5 runs) at 6.9% (max 10.3%);
+8B runs (op-level selective checkpointing, eager and compiled; 6 runs) at 7.0% (max 10.3%);
 llm-foundry's 512-GPU FSDP runs at 2-6% checkpointed, 25-31% not (the small models on H100
-without checkpointing are the model's largest unexplained gap). Refitted over all 62
-modelled runs the factor is 1.080; the 0.7% change is not re-shipped.
+without checkpointing are the model's largest unexplained gap). Refitted over all 63
+modelled runs the factor is 1.083; the 1% change is not re-shipped.
 
 Not applied on CPU (the engine's own measurements calibrate those clusters) nor where a
 cluster has measured calibration factors (:mod:`autoplan.cost.calibration`): measured runs
