@@ -214,8 +214,10 @@ def loss_temporaries_bytes(logits: float, tp: int = 1, *, eager: bool = False) -
     NLL's dense fp32 gradient and the log-softmax's fp32 input gradient at once
     (``nll_loss_backward`` then ``_log_softmax_backward_data``). The fp32 log-softmax itself
     is saved for backward and counted with the activations (the traced graph upcasts the
-    logits before the loss). torchtitan's Llama 3.1 8B runs (128k vocabulary, 16k tokens per
-    micro-batch: 8.4 GB a tensor) measured 5.4 GiB less with torch.compile than eager."""
+    logits before the loss). torchtitan's Llama 3.1 8B runs, whose loss ran eager (128k
+    vocabulary, 16k tokens per micro-batch: 8.4 GB a tensor), measured 88.5 and 71.9 GB on 8
+    and 128 H100s: predicted 85.7 and 70.7 GB with the second gradient, 76.9 and 61.9
+    without (``benchmarks/published_runs.py``)."""
     _positive_int(tp, "tp")
     if logits < 0:
         raise ValueError(f"logits must be >= 0, got {logits!r}")
