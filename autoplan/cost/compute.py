@@ -335,15 +335,15 @@ class ComputeModel:
         self._cache: dict[tuple, tuple[float, float]] = {}
 
     # ---- one op --------------------------------------------------------------------------
-    def _byte_scale(self, node: OpNode, traced_dtype: str | None = None) -> float:
+    def _byte_scale(self, node: OpNode, traced_dtype: str | None, loss: bool) -> float:
         """Width the op's float tensors run at / their traced width (module docstring,
-        "Widths"): float32 for a loss op; 1 where the graph was traced at the compute width
-        (``traced_dtype``, the graph's parameter dtype: its float32 tensors are explicit
+        "Widths"): float32 for a ``loss`` op; 1 where the graph was traced at the compute
+        width (``traced_dtype``, the graph's parameter dtype: its float32 tensors are explicit
         upcasts that run in float32); else compute width / traced width; 1 without floats."""
         for meta in (*node.output_meta, *node.input_meta):
             if _is_float(meta.dtype):
                 width = DTYPE_BYTES.get(meta.dtype, 4)
-                if op_base_name(node.op) in LOSS_OPS:
+                if loss:
                     return 4.0 / width
                 if traced_dtype is not None and DTYPE_BYTES.get(traced_dtype) == self._dtype_bytes:
                     return 1.0
@@ -381,8 +381,9 @@ class ComputeModel:
         eff = self.efficiency
         bw = self.device.memory_bandwidth * eff.memory
         t_k = eff.kernel_overhead_s
-        nbytes = (node.bytes_read + node.bytes_written) * self._byte_scale(node, traced_dtype) \
-            / shard
+        loss = op_base_name(node.op) in LOSS_OPS
+        nbytes = (node.bytes_read + node.bytes_written) \
+            * self._byte_scale(node, traced_dtype, loss) / shard
         f_fwd, f_bwd = node.fwd_flops / shard, node.bwd_flops / shard
         if kind == "matmul":
             dims = gemm_dims(node, tp, batch_scale)
@@ -401,7 +402,7 @@ class ComputeModel:
                 return fwd, 0.0
             b_bwd = nbytes * (f_bwd / f_fwd if f_fwd > 0 else 2.0)
             return fwd, max(f_bwd / r_bwd, b_bwd / bw) + kernels * t_k
-        phi = 1.0 if op_base_name(node.op) in LOSS_OPS else eff.fusion
+        phi = 1.0 if loss else eff.fusion
         fwd = phi * (max(f_fwd / self.vector_peak, nbytes / bw) + t_k)
         if not self._has_backward(node):
             return fwd, 0.0

@@ -48,13 +48,14 @@ parallelism, the all-gathers before the column matmuls (the reduce-scatters' out
 saved: half of the forward's TP communication), without it the row matmuls' all-reduces (all
 of it). A Llama block (q, k, v, o, w1, w3, w2) keeps q, v, w1 and w2's outputs and the
 attention's and recomputes k, o and w3 -- for Llama 3 8B 37% of its matmul FLOPs (h^2/4 +
-h^2 + 3.5 h^2 of 13 h^2) -- and everything element-wise; ``engine.recompute`` runs the same policy. Korthikanti et al.'s formulas have
-no such mode (:func:`korthikanti_layer_bytes` refuses it).
+h^2 + 3.5 h^2 of 13 h^2) -- and everything element-wise; ``engine.recompute`` runs the
+same policy. Korthikanti et al.'s formulas have no such mode (:func:`korthikanti_layer_bytes`
+refuses it).
 """
 
 from __future__ import annotations
 
-from autoplan.cost.compute import op_kind
+from autoplan.cost.compute import op_base_name, op_kind
 from autoplan.plan_parts import RECOMPUTE_MODES   # the modes a plan names, least recomputed first
 
 __all__ = ["RECOMPUTE_MODES", "attention_core", "core_fwd_flops", "korthikanti_layer_bytes",
@@ -129,10 +130,9 @@ def op_saved_nodes(graph) -> frozenset[str]:
         count = 0
         for name in layer.nodes:
             node = graph.nodes[name]
-            base = node.op.split(".")[1] if "." in node.op else node.op
             if op_kind(node) == "attention":
                 out.add(name)
-            elif base in OP_MATMULS:
+            elif op_base_name(node.op) in OP_MATMULS:
                 count += 1
                 if count % 2 == 1:
                     out.add(name)

@@ -143,6 +143,13 @@ def gathers_back(zero: int, shared: bool) -> bool:
     return zero in (1, 2) and not shared
 
 
+def _reduction(zero: int, reps: int, shared: bool = False) -> str:
+    """The gradient collective of A_d: a reduce-scatter where the optimizer is sharded and
+    gathers back (:func:`gathers_back`) or when reducing every micro-batch, else one
+    all-reduce."""
+    return "reduce_scatter" if gathers_back(zero, shared) or reps > 1 else "all_reduce"
+
+
 def memory_zero(zero: int, m: int, pipelined: bool) -> int:
     """The ZeRO stage whose bytes a rank holds: ZeRO-2 in a pipeline over m > 1
     micro-batches accumulates unsharded gradients, ZeRO-1's (module docstring)."""
@@ -297,7 +304,7 @@ class StepModel:
         the median error rose from 7% to 12%)."""
         reps = reductions_per_step(zero, m, pipelined)
         sharded = gathers_back(zero, shared)
-        reduce = "reduce_scatter" if sharded or reps > 1 else "all_reduce"
+        reduce = _reduction(zero, reps, shared)
         t_reduce = t_gather = local = 0.0
         for b in buckets:
             if b.group.size > 1 and b.count > 0:
@@ -328,7 +335,7 @@ class StepModel:
         units = max(1, sum(c.modules for c in chunks))
         if zero < 3:                  # reps reductions, each over one micro-batch's backward
             reps = reductions_per_step(zero, m, pipelined)
-            reduce = "reduce_scatter" if zero >= 1 or reps > 1 else "all_reduce"
+            reduce = _reduction(zero, reps)
             last = sum(self.comm.time(reduce, min(b.count * REDUCE_BYTES, DDP_BUCKET_BYTES),
                                       b.group) for b in synced)
             exposed = reps * bucketed_reduction(t_reduce / reps, bwd, last)

@@ -152,10 +152,9 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
     mode = "full" if layout.checkpoint else "selective" if layout.selective or layout.op \
         else "none"
     lines += ["", "[activation_checkpoint]", f"mode = {toml_value(mode)}"]
-    if layout.op:
+    if layout.selective or layout.op:
         lines.append('selective_ac_option = "op"')
     if layout.selective:
-        lines.append('selective_ac_option = "op"')
         notes.append("torchtitan's op-level selective checkpointing saves the attention "
                      "kernel's outputs and every other matmul and recomputes the rest; the plan "
                      "priced Korthikanti et al.'s attention-core-only recomputation (Megatron-LM "

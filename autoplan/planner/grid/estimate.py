@@ -42,7 +42,7 @@ from dataclasses import replace
 from autoplan.cluster import Cluster
 from autoplan.cost.batch_scale import batch_tensors
 from autoplan.cost.comm import CommModel, Group
-from autoplan.cost.compute import ComputeModel, op_base_name, op_kind
+from autoplan.cost.compute import ComputeModel, op_base_name
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
 from autoplan.cost.recompute import (attention_core, core_fwd_flops, op_kept_bytes,
@@ -120,8 +120,8 @@ class Estimator:
             bwd += b
             if name in self._core:
                 core += f
-            if name not in self._op_saved and op_kind(node) not in ("view", "comm"):
-                op_re += f                   # op_recomputed_nodes, for a block
+            if name in self._op_sets[1]:
+                op_re += f
             if name in self._gemms:
                 gemm_f += f
                 gemm_b += b
@@ -132,8 +132,9 @@ class Estimator:
         return attention_core(self.graph)
 
     @functools.cached_property
-    def _op_saved(self) -> frozenset[str]:
-        return op_saved_nodes(self.graph)
+    def _op_sets(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(saved, recomputed) nodes of op-level recomputation (:mod:`autoplan.cost.recompute`)."""
+        return (saved := op_saved_nodes(self.graph)), op_recomputed_nodes(self.graph, saved)
 
     @functools.cached_property
     def _gemms(self) -> frozenset[str]:
@@ -411,9 +412,9 @@ class Estimator:
                                    flash_attention=self.flash_attention) + fixed + kv_extra
             peak = selective_peak_bytes(grown, tp=tp, micro_batch_scale=tok,
                                         flash_attention=self.flash_attention)
-        elif op_level:  # the input and saved outputs kept; the rest and its all-gathers (SP)
-            split, rep, row, rows = op_kept_bytes(self.graph, i, self._op_saved,  # or
-                                                  lambda n: self._batchy[n][1])    # all-reduces
+        elif op_level:  # input and saved outputs kept; the rest run again, with its TP comm
+            split, rep, row, rows = op_kept_bytes(self.graph, i, self._op_sets[0],
+                                                  lambda n: self._batchy[n][1])
             kept = split / tp + rep / (tp if sp_m else 1) + row + (rows / tp if sp_l else 0.0)
             act = activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
                                    checkpoint=True, micro_batch_scale=tok) + kept * tok
@@ -586,8 +587,7 @@ class Estimator:
             recompute_flops = sum(layer.stats.fwd_flops for layer in self.graph.blocks()) \
                 * gb / self.b0
         elif p.checkpoint in ("selective", "op"):     # the nodes each recomputes
-            again = self._core if p.checkpoint == "selective" else op_recomputed_nodes(
-                self.graph, self._op_saved)
+            again = self._core if p.checkpoint == "selective" else self._op_sets[1]
             recompute_flops = core_fwd_flops(self.graph, core=again) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,

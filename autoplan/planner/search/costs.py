@@ -133,8 +133,8 @@ class CostModel:
                  memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True,
                  fused_loss: bool | None = None):
         self.graph = graph
-        # the runtime fuses element-wise ops / the loss's backward (api.prepare)
-        self.fused, self.fused_loss = fused, fused if fused_loss is None else fused_loss
+        #: the runtime fuses the loss's backward (api.prepare; ``fused`` reaches the compute model)
+        self.fused_loss = fused if fused_loss is None else fused_loss
         #: device memory a plan may fill (:func:`autoplan.cost.memory.usable_bytes`)
         self.memory_limit_bytes = usable_bytes(cluster.device.memory_bytes, memory_headroom)
         self.cluster = cluster

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from autoplan.cluster import Cluster
-from autoplan.cost.memory import (in_flight_micro_batches, solver_budget_bytes,
+from autoplan.cost.memory import (DEFAULT_HEADROOM, in_flight_micro_batches, solver_budget_bytes,
                                   solver_state_weight)
 from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
@@ -196,11 +196,11 @@ class _Workspace:
 
 def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
            precision: str = "mixed", options: SearchOptions = SearchOptions(),
-           structure: ModelStructure | None = None, memory_headroom: float | None = None,
+           structure: ModelStructure | None = None,
+           memory_headroom: float = DEFAULT_HEADROOM,
            fused: bool = True, fused_loss: bool | None = None) -> SearchResult:
     """(module docstring) Raises InfeasibleError when nothing fits. ``memory_headroom``:
-    the fraction of device memory plans leave free (default :data:`autoplan.cost.memory.
-    DEFAULT_HEADROOM`); ``fused`` / ``fused_loss``: whether the runtime fuses element-wise
+    the fraction of device memory plans leave free; ``fused`` / ``fused_loss``: whether the runtime fuses element-wise
     ops / the loss's backward (:func:`autoplan.api.prepare`)."""
     opts = options
     t0 = time.perf_counter()
@@ -208,7 +208,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     ms = structure or analyse(spec, graph)
     seconds["analyse"] = time.perf_counter() - t0
     cm = CostModel(graph, cluster, precision=precision, fused=fused, fused_loss=fused_loss,
-                   **({} if memory_headroom is None else {"memory_headroom": memory_headroom}))
+                   memory_headroom=memory_headroom)
     ev = Evaluator(cm, ms)
     t1 = time.perf_counter()
     lib = build_library(ev, ms, cluster.world_size, global_batch,
