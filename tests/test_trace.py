@@ -294,6 +294,49 @@ def test_hf_llama_one_layer_has_its_block():
     assert graph.layers[0].nodes and graph.layers[2].nodes
 
 
+
+def _attention_nodes(graph: OpGraph) -> list:
+    return [n for n in graph.nodes.values() if "attention" in n.op]
+
+
+def test_hf_causal_attention_traces_as_the_gpu_runs_it_flash_and_causal():
+    """transformers cannot read fake position ids; on a GPU, rows 0..s-1 are not packed and
+    SDPA runs causal without a mask (flash). The trace follows the GPU, and restores
+    transformers' detection afterwards."""
+    import transformers.masking_utils as masking
+
+    before = masking.find_packed_sequence_indices
+    spec = resolve("hf:llama", num_hidden_layers=2, hidden_size=256, intermediate_size=512,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    graph = trace(spec, 1, 128, dtype=torch.bfloat16)
+    attn = _attention_nodes(graph)
+    assert len(attn) == 2
+    for node in attn:
+        assert "flash" in node.op and node.causal
+        assert len(node.input_meta) == 3            # q, k, v: no (b, 1, s, s) mask
+        assert node.input_meta[1].shape[1] == 2     # grouped-query k/v keep their 2 heads
+    assert masking.find_packed_sequence_indices is before
+
+
+def test_hf_same_model_built_in_and_through_transformers_price_alike():
+    """Llama through hf: and as autoplan's built-in GPT: one model, one price."""
+    from autoplan.api import estimate, prepare
+
+    common = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=2, vocab_size=4096,
+                  max_position_embeddings=2048)
+    hf = resolve("hf:llama", **common)
+    own = resolve("gpt", hidden=512, ffn_hidden=1536, layers=2, heads=8, kv_heads=2,
+                  vocab_size=4096, seq_len=2048, style="llama")
+    steps, acts = [], []
+    for spec in (hf, own):
+        problem = prepare(spec, "dgx-h100", nodes=1, global_batch=8, seq_len=2048)
+        plan = estimate(None, None, global_batch=8, problem=problem, dp=8, micro_batch=1)
+        steps.append(plan.prediction.step_time_s)
+        acts.append(plan.prediction.memory.activations)
+    assert steps[0] == pytest.approx(steps[1], rel=0.1)
+    assert acts[0] == pytest.approx(acts[1], rel=0.15)
+
 # ---- API and errors ---------------------------------------------------------------------
 
 class _Net(nn.Module):

@@ -25,10 +25,11 @@ defaults (``to_diff_dict``), so it is small and stable in a plan file.
 encoder-decoders); image classifiers get ``(pixel_values, labels)``. The default sequence
 length is a training length (:func:`default_seq_len`), not the model's maximum.
 
-Traced (on fake tensors), transformers takes its ``torch.compile`` path: it cannot rule out
-packed sequences without values, so it builds a (b, 1, s, s) mask and passes it to SDPA,
-which the tracer maps to the memory-efficient kernel (flash takes no mask). Each layer then
-keeps a 2·b·s² byte attention bias — small next to the 5·a·s/h·sbh of eager attention.
+Traced (on fake tensors), transformers cannot read the position ids to rule out packed
+sequences; the tracer answers for it as a GPU run with these rows does
+(:mod:`autoplan.trace.cuda_semantics`), so a causal layer calls SDPA with ``is_causal=True``
+and no mask: the flash kernel. A sliding-window layer builds its (b, 1, s, s) mask, as it
+does on the GPU, and runs the memory-efficient kernel with it.
 """
 
 from __future__ import annotations
