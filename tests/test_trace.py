@@ -432,3 +432,15 @@ def test_fused_qkv_computes_the_separate_projections_and_traces_as_one_column_ge
     gemms = lambda g: sum(1 for n in g.layers[1].nodes  # noqa: E731
                           if g.nodes[n].op.startswith(("aten.addmm", "aten.mm")))
     assert gemms(g_fused) == gemms(g_sep) - 2
+
+
+def test_attention_with_a_narrower_value_head_runs_the_efficient_kernel():
+    """DeepSeek's MLA: q/k heads of 192, v heads of 128. Flash needs one head dimension, so
+    a GPU runs the memory-efficient kernel, causal, and the trace does too (the flash
+    kernel's meta function would give the output q's width and break the next matmul)."""
+    spec = resolve("deepseek-v3", num_hidden_layers=1)
+    graph = trace(spec, 1, 128, dtype=torch.bfloat16)
+    attn = _attention_nodes(graph)
+    assert attn and all("efficient" in n.op and n.causal for n in attn)
+    q, _, v = (m.shape for m in attn[0].input_meta[:3])
+    assert q[-1] == 192 and v[-1] == 128

@@ -8,11 +8,12 @@ one that a GPU run does not use, with a different memory footprint:
   only on CUDA-like devices; elsewhere it multiplies by a mask of the input's dtype. Here it
   always becomes ``aten.native_dropout``.
 * ``F.scaled_dot_product_attention``: on CUDA, PyTorch picks the flash kernel (fp16/bf16, no
-  explicit mask) or the memory-efficient kernel (otherwise); on the meta device it falls
-  back to the math path, which materialises and saves the (b, heads, s, s) matrix. Here it
-  becomes ``aten._scaled_dot_product_flash_attention`` or
-  ``aten._scaled_dot_product_efficient_attention``, both of which have meta kernels, autograd
-  formulas and FLOP formulas in ``torch.utils.flop_counter``.
+  explicit mask, one head dimension for q, k and v) or the memory-efficient kernel
+  (otherwise: a mask, or DeepSeek's MLA with 192-wide q/k heads and 128-wide v heads); on
+  the meta device it falls back to the math path, which materialises and saves the
+  (b, heads, s, s) matrix. Here it becomes ``aten._scaled_dot_product_flash_attention`` or
+  ``aten._scaled_dot_product_efficient_attention``, both of which have meta kernels,
+  autograd formulas and FLOP formulas in ``torch.utils.flop_counter``.
 
 One decision is made on tensor *values* the trace does not have:
 
@@ -61,7 +62,8 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
           is_causal: bool = False, scale: float | None = None,
           enable_gqa: bool = False) -> torch.Tensor:
     head_dim = query.shape[-1]
-    if attn_mask is None and query.dtype in _FLASH_DTYPES and head_dim <= _FLASH_MAX_HEAD_DIM:
+    if attn_mask is None and query.dtype in _FLASH_DTYPES and head_dim <= _FLASH_MAX_HEAD_DIM \
+            and key.shape[-1] == value.shape[-1] == head_dim:
         # FlashAttention-2 handles grouped-query attention natively (k, v keep their heads).
         return _aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale)[0]
