@@ -43,7 +43,9 @@ numbers, never tuned per model:
 * ``attention`` -- fused (flash) attention kernels. Where FlashAttention-2 published forward
   + backward throughput by sequence length and head dimension (A100, H100: Dao 2023, arXiv
   2307.08691; :func:`autoplan.cost.kernel_shape.attention_tflops`) the rate is that figure
-  times the sustained-clock factor (``clock``), and times the device's tensor peak over the
+  (a kernel benchmarked alone) times the sustained-clock factor (``clock``) and the in-step
+  factor the GEMMs get (``IN_STEP``: the kernel shares the GPU with NCCL's and the
+  element-wise kernels), and times the device's tensor peak over the
   measured part's where it is lower (``FA2_REFERENCE_PEAK_TFLOPS``: a power-limited or NVL
   part of the family), on the FLOPs the kernel does (half the traced
   FLOPs under a causal mask, ``OpNode.causal``); the ``attention`` constant is the fallback
@@ -422,7 +424,8 @@ class ComputeModel:
             if tflops is not None:
                 ref = FA2_REFERENCE_PEAK_TFLOPS.get(eff.attention_family)
                 part = min(1.0, self.peak / (ref * 1e12)) if ref else 1.0
-                return min(tflops * 1e12 * eff.clock * part, self.peak), 0.5 if causal else 1.0
+                rate = tflops * 1e12 * eff.clock * IN_STEP * part
+                return min(rate, self.peak), 0.5 if causal else 1.0
         return self.peak * eff.attention_or_matmul, 1.0
 
     def op_time_at(self, node: OpNode, graph: OpGraph, tp: int = 1,

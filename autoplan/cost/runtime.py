@@ -28,7 +28,8 @@ July 2024; 11 runs, 48 to 6,144 GPUs, added after the fit) comes out at a median
 8B runs (op-level selective checkpointing, eager and compiled; 6 runs) at 7.0% (max 10.3%);
 llm-foundry's 512-GPU FSDP runs at 2-6% checkpointed, 25-31% not (the small models on H100
 without checkpointing are the model's largest unexplained gap). Refitted over all 63
-modelled runs the factor is 1.083; the 1% change is not re-shipped.
+modelled runs the factor is 1.081 (1.083 before attention kernels got the GEMMs' in-step
+factor, :mod:`autoplan.cost.compute`); the 1% change is not re-shipped.
 
 Not applied on CPU (the engine's own measurements calibrate those clusters) nor where a
 cluster has measured calibration factors (:mod:`autoplan.cost.calibration`): measured runs
