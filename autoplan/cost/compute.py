@@ -67,7 +67,7 @@ numbers, never tuned per model:
   run the user says is eager (``prepare(fused=False)``, ``--eager``: torchtitan without
   torch.compile, autoplan's own engine). A check on data phi was not set from: torchtitan's
   Llama 3.1 8B FSDP runs on 8 and 128 H100 measured torch.compile 1.157x and 1.162x faster
-  than eager; phi 0.5 against 1 predicts 1.126x and 1.127x
+  than eager; phi 0.5 against 1 predicts 1.123x and 1.124x
   (``benchmarks/published_runs.py``, rows ``titan-8b-*``). The loss
   (``LOSS_OPS``: log-softmax and NLL over the vocabulary) is not in a block's fused chains:
   it runs as traced, phi = 1 (Megatron-LM's unfused vocab-parallel cross entropy runs max,
