@@ -444,3 +444,35 @@ def test_attention_with_a_narrower_value_head_runs_the_efficient_kernel():
     assert attn and all("efficient" in n.op and n.causal for n in attn)
     q, _, v = (m.shape for m in attn[0].input_meta[:3])
     assert q[-1] == 192 and v[-1] == 128
+
+
+def test_the_packed_sequence_answer_is_the_tracing_threads_alone_and_always_undone():
+    """Only a thread that traces gets "not packed"; another thread (a user's own training
+    in the same process) keeps transformers' check, and the last trace out restores it,
+    also when a trace fails."""
+    import threading
+
+    import transformers.masking_utils as masking
+
+    from autoplan.trace.cuda_semantics import CudaSemantics
+
+    own = masking.find_packed_sequence_indices
+    packed = torch.tensor([[0, 1, 2, 0, 1]])            # two documents in one row
+    elsewhere = {}
+
+    def other_thread():
+        elsewhere["answer"] = masking.find_packed_sequence_indices(packed)
+
+    with CudaSemantics():
+        with CudaSemantics():                            # nested traces
+            assert masking.find_packed_sequence_indices(packed) is None
+            worker = threading.Thread(target=other_thread)
+            worker.start()
+            worker.join()
+        assert masking.find_packed_sequence_indices is not own
+    assert masking.find_packed_sequence_indices is own
+    assert elsewhere["answer"].tolist() == [[0, 0, 0, 1, 1]]
+    with pytest.raises(RuntimeError):
+        with CudaSemantics():
+            raise RuntimeError("a trace that fails")
+    assert masking.find_packed_sequence_indices is own

@@ -25,8 +25,10 @@ One decision is made on tensor *values* the trace does not have:
   packing, so the traced layer ran the memory-efficient kernel on the full square with a
   (b, 1, s, s) mask: a Llama 3 8B step priced 20% slower, with 33% more activation memory,
   through ``hf:llama`` than as the same model built in. While tracing, the detection
-  answers "not packed", as it does on the GPU for such rows. (Sliding-window layers and
-  explicit padding masks still build their masks, as they do on the GPU.)
+  answers "not packed", as it does on the GPU for such rows -- in the tracing thread only
+  (any other thread gets transformers' own answer), and transformers' function is back in
+  place when the last trace ends. (Sliding-window layers and explicit padding masks still
+  build their masks, as they do on the GPU.)
 
 The rewrite is a :class:`torch.overrides.TorchFunctionMode`, active only while tracing.
 """
@@ -34,6 +36,7 @@ The rewrite is a :class:`torch.overrides.TorchFunctionMode`, active only while t
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any, Callable
 
 import torch
@@ -84,10 +87,41 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale)[0]
 
 
-def _plain_rows(position_ids: torch.Tensor) -> None:
-    """transformers' ``find_packed_sequence_indices`` for rows of plain sequences: None (no
-    packed sequences), what it returns on a GPU for positions 0..s-1 (module docstring)."""
-    return None
+_PATCH_LOCK = threading.Lock()
+_patch_depth = 0                            # traces running in this process
+_patched: tuple[Any, Any] | None = None     # (transformers.masking_utils, its own function)
+_tracing = threading.local()                # .depth: traces running in this thread
+
+
+def _plain_rows(position_ids: torch.Tensor):
+    """transformers' ``find_packed_sequence_indices`` while autoplan traces: in a tracing
+    thread, None (no packed sequences), what it returns on a GPU for positions 0..s-1
+    (module docstring); in any other thread, transformers' own answer."""
+    if getattr(_tracing, "depth", 0) > 0 or _patched is None:
+        return None
+    return _patched[1](position_ids)
+
+
+def _plain_rows_patch(step: int) -> None:
+    """Enter (+1) or leave (-1) a trace. The first trace in the process puts
+    :func:`_plain_rows` in transformers' place and the last one out restores transformers'
+    own function, whatever the nesting; meanwhile other threads (a user's own training in
+    the same process) still get transformers' real check. Nothing happens unless the
+    model's code has imported ``transformers.masking_utils``: tracing never imports it."""
+    global _patch_depth, _patched
+    _tracing.depth = getattr(_tracing, "depth", 0) + step
+    with _PATCH_LOCK:
+        _patch_depth += step
+        if step > 0 and _patched is None:
+            masking = sys.modules.get("transformers.masking_utils")
+            own = getattr(masking, "find_packed_sequence_indices", None)
+            if own is not None and own is not _plain_rows:
+                _patched = (masking, own)
+                masking.find_packed_sequence_indices = _plain_rows
+        elif step < 0 and _patch_depth == 0 and _patched is not None:
+            masking, own = _patched
+            masking.find_packed_sequence_indices = own
+            _patched = None
 
 
 class CudaSemantics(TorchFunctionMode):
@@ -102,18 +136,18 @@ class CudaSemantics(TorchFunctionMode):
         }
 
     def __enter__(self):
-        # transformers' packed-sequence detection (module docstring); only if the model's
-        # code has imported it: tracing never imports transformers itself
-        self._masking = sys.modules.get("transformers.masking_utils")
-        self._find_packed = getattr(self._masking, "find_packed_sequence_indices", None)
-        if self._find_packed is not None:
-            self._masking.find_packed_sequence_indices = _plain_rows
-        return super().__enter__()
+        _plain_rows_patch(+1)
+        try:
+            return super().__enter__()
+        except BaseException:
+            _plain_rows_patch(-1)
+            raise
 
     def __exit__(self, *exc):
-        if self._find_packed is not None:
-            self._masking.find_packed_sequence_indices = self._find_packed
-        return super().__exit__(*exc)
+        try:
+            return super().__exit__(*exc)
+        finally:
+            _plain_rows_patch(-1)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
