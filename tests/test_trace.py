@@ -464,6 +464,7 @@ def test_the_packed_sequence_answer_is_the_tracing_threads_alone_and_always_undo
         elsewhere["answer"] = masking.find_packed_sequence_indices(packed)
 
     with CudaSemantics():
+        kept = masking.find_packed_sequence_indices     # a reference kept past the trace
         with CudaSemantics():                            # nested traces
             assert masking.find_packed_sequence_indices(packed) is None
             worker = threading.Thread(target=other_thread)
@@ -472,6 +473,7 @@ def test_the_packed_sequence_answer_is_the_tracing_threads_alone_and_always_undo
         assert masking.find_packed_sequence_indices is not own
     assert masking.find_packed_sequence_indices is own
     assert elsewhere["answer"].tolist() == [[0, 0, 0, 1, 1]]
+    assert kept(packed).tolist() == [[0, 0, 0, 1, 1]]
     with pytest.raises(RuntimeError):
         with CudaSemantics():
             raise RuntimeError("a trace that fails")

@@ -90,16 +90,18 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 _PATCH_LOCK = threading.Lock()
 _patch_depth = 0                            # traces running in this process
 _patched: tuple[Any, Any] | None = None     # (transformers.masking_utils, its own function)
+_own: Callable[..., Any] | None = None      # transformers' function, once seen
 _tracing = threading.local()                # .depth: traces running in this thread
 
 
 def _plain_rows(position_ids: torch.Tensor):
     """transformers' ``find_packed_sequence_indices`` while autoplan traces: in a tracing
     thread, None (no packed sequences), what it returns on a GPU for positions 0..s-1
-    (module docstring); in any other thread, transformers' own answer."""
-    if getattr(_tracing, "depth", 0) > 0 or _patched is None:
+    (module docstring); anywhere else transformers' own answer (also for a reference to
+    this function kept past the trace)."""
+    if getattr(_tracing, "depth", 0) > 0 or _own is None:
         return None
-    return _patched[1](position_ids)
+    return _own(position_ids)
 
 
 def _plain_rows_patch(step: int) -> None:
@@ -108,7 +110,7 @@ def _plain_rows_patch(step: int) -> None:
     own function, whatever the nesting; meanwhile other threads (a user's own training in
     the same process) still get transformers' real check. Nothing happens unless the
     model's code has imported ``transformers.masking_utils``: tracing never imports it."""
-    global _patch_depth, _patched
+    global _patch_depth, _patched, _own
     _tracing.depth = getattr(_tracing, "depth", 0) + step
     with _PATCH_LOCK:
         _patch_depth += step
@@ -116,6 +118,7 @@ def _plain_rows_patch(step: int) -> None:
             masking = sys.modules.get("transformers.masking_utils")
             own = getattr(masking, "find_packed_sequence_indices", None)
             if own is not None and own is not _plain_rows:
+                _own = own
                 _patched = (masking, own)
                 masking.find_packed_sequence_indices = _plain_rows
         elif step < 0 and _patch_depth == 0 and _patched is not None:
