@@ -19,6 +19,7 @@ from rich.text import Text
 
 from autoplan.placement import short
 from autoplan.plan import Plan, Prediction
+from autoplan.plan_parts import PARTIAL_RECOMPUTE
 
 GB = 1e9
 TIME_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer",
@@ -191,7 +192,7 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
                f"{s.ranks[0]}-{s.ranks[-1]}", mesh,
                str(len(s.checkpoint_layers)) + (
                    f" {plan.parallel.checkpoint}" if s.checkpoint_layers and
-                   plan.parallel.checkpoint in ("selective", "op") else "")]
+                   plan.parallel.checkpoint in PARTIAL_RECOMPUTE else "")]
         if searched:
             pr = s.predicted
             row += [str(plan.parallel.zero if s.zero is None else s.zero),

@@ -17,6 +17,8 @@ from autoplan.plan_fields import MAX_COUNT, MAX_DEVICES
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 #: Activation recomputation modes (:mod:`autoplan.cost.recompute`, which prices them).
 RECOMPUTE_MODES = ("none", "selective", "op", "full")
+#: The modes that recompute part of each block (the rest recompute whole blocks or none).
+PARTIAL_RECOMPUTE = ("selective", "op")
 MESH_AXES = ("pp", "dp", "tp")
 
 

@@ -39,7 +39,10 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (Checkpo
                                                                          checkpoint_wrapper)
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-MODES = ("full", "selective", "op")
+from autoplan.cost.recompute import OP_MATMULS
+from autoplan.plan_parts import PARTIAL_RECOMPUTE
+
+MODES = ("full", *PARTIAL_RECOMPUTE)
 
 _aten = torch.ops.aten
 
@@ -78,8 +81,9 @@ def attention_core_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.PREFER_SAVE
 
 
-#: Counted as the block's matmuls under ``op`` (linear layers, with or without bias).
-MATMUL_OPS = _overloads(_aten.mm, _aten.addmm)
+#: Counted as the block's matmuls under ``op``: the ops the cost model counts
+#: (:data:`autoplan.cost.recompute.OP_MATMULS`, linear layers with or without bias).
+MATMUL_OPS = _overloads(*(getattr(_aten, name) for name in OP_MATMULS))
 #: Always saved under ``op``: attention kernels and the sequence-parallel reduce-scatter.
 OP_SAVED = _overloads(
     _aten._scaled_dot_product_flash_attention, _aten._scaled_dot_product_efficient_attention,
@@ -129,4 +133,4 @@ def mode_of(plan) -> str:
     ``parallel.checkpoint`` says so, else 'full' (a search plan recomputes some stages fully
     and says 'none')."""
     mode = plan.parallel.checkpoint
-    return mode if mode in ("selective", "op") else "full"
+    return mode if mode in PARTIAL_RECOMPUTE else "full"

@@ -224,6 +224,13 @@ def loss_temporaries_bytes(logits: float, tp: int = 1, *, eager: bool = False) -
     return (8.0 if eager else 4.0) * logits / tp
 
 
+def eager_loss(fused: bool, fused_loss: bool | None) -> bool:
+    """Whether the loss's backward runs as eager PyTorch (two fp32 gradients,
+    :func:`loss_temporaries_bytes`): ``fused_loss`` where given, else as the element-wise
+    ops run (``fused``; :func:`autoplan.api.prepare`)."""
+    return not (fused if fused_loss is None else fused_loss)
+
+
 def pipeline_buffer_bytes(output_bytes: float, first: bool, last: bool) -> float:
     """Send/receive buffers of a pipeline stage for one micro-batch: it receives its input
     (and sends its input's gradient) unless first, sends its output (and receives its

@@ -58,8 +58,8 @@ from __future__ import annotations
 from autoplan.cost.compute import op_base_name, op_kind
 from autoplan.plan_parts import RECOMPUTE_MODES   # the modes a plan names, least recomputed first
 
-__all__ = ["RECOMPUTE_MODES", "attention_core", "core_fwd_flops", "korthikanti_layer_bytes",
-           "op_kept_bytes", "op_recomputed_nodes", "op_saved_nodes"]
+__all__ = ["OP_MATMULS", "RECOMPUTE_MODES", "attention_core", "core_fwd_flops",
+           "korthikanti_layer_bytes", "op_kept_bytes", "op_recomputed_nodes", "op_saved_nodes"]
 
 
 _SOFTMAX = ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax")

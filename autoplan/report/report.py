@@ -19,6 +19,7 @@ import autoplan
 from autoplan.display import why_best
 from autoplan.models.names import describe
 from autoplan.plan import Plan, atomic_write_bytes, atomic_write_text
+from autoplan.plan_parts import PARTIAL_RECOMPUTE
 from autoplan.report.html import Section, Table, render_page
 from autoplan.report.plots import (alternatives_figure, group_label, memory_figure,
                                    mesh_figure, time_figure)
@@ -130,7 +131,7 @@ def _mesh(plan: Plan, timing: StageTiming, step: StepModel, figures: dict) -> Se
                      str(tuple(st.mesh_shape)),
                      str(len(st.checkpoint_layers)) + (
                          f" ({plan.parallel.checkpoint})" if st.checkpoint_layers
-                         and plan.parallel.checkpoint in ("selective", "op") else ""),
+                         and plan.parallel.checkpoint in PARTIAL_RECOMPUTE else ""),
                      f"{c.forward_block * 1e3:.3g}", f"{c.backward_block * 1e3:.3g}"))
     table = Table(("stage", "pipeline rank", "layers", "count", "ranks", "mesh (dp, tp)",
                    "recomputed", "forward ms / micro-batch", "backward ms / micro-batch"),

@@ -89,7 +89,7 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 _PATCH_LOCK = threading.Lock()
 _patch_depth = 0                            # traces running in this process
-_patched: tuple[Any, Any] | None = None     # (transformers.masking_utils, its own function)
+_installed: Any = None                      # the transformers.masking_utils patched, if any
 _own: Callable[..., Any] | None = None      # transformers' function, once seen
 _tracing = threading.local()                # .depth: traces running in this thread
 
@@ -110,21 +110,19 @@ def _plain_rows_patch(step: int) -> None:
     own function, whatever the nesting; meanwhile other threads (a user's own training in
     the same process) still get transformers' real check. Nothing happens unless the
     model's code has imported ``transformers.masking_utils``: tracing never imports it."""
-    global _patch_depth, _patched, _own
+    global _patch_depth, _installed, _own
     _tracing.depth = getattr(_tracing, "depth", 0) + step
     with _PATCH_LOCK:
         _patch_depth += step
-        if step > 0 and _patched is None:
+        if step > 0 and _installed is None:
             masking = sys.modules.get("transformers.masking_utils")
             own = getattr(masking, "find_packed_sequence_indices", None)
             if own is not None and own is not _plain_rows:
-                _own = own
-                _patched = (masking, own)
+                _own, _installed = own, masking
                 masking.find_packed_sequence_indices = _plain_rows
-        elif step < 0 and _patch_depth == 0 and _patched is not None:
-            masking, own = _patched
-            masking.find_packed_sequence_indices = own
-            _patched = None
+        elif step < 0 and _patch_depth == 0 and _installed is not None:
+            _installed.find_packed_sequence_indices = _own
+            _installed = None
 
 
 class CudaSemantics(TorchFunctionMode):

@@ -36,14 +36,13 @@ collectives as DTensor issues them: an all-reduce per sharded matmul, plus per-m
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import replace
 
 from autoplan.cluster import Cluster
 from autoplan.cost.batch_scale import batch_tensors
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_base_name
-from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes,
+from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes, eager_loss,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
 from autoplan.cost.recompute import (attention_core, core_fwd_flops, op_kept_bytes,
                                      op_recomputed_nodes, op_saved_nodes)
@@ -80,12 +79,10 @@ class Estimator:
         # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
         self.compute, self.comm, self.cost_provenance = resolve_cost_models(
             cluster, precision, compute, comm, fused=fused)
-        if provenance is not None:
-            self.cost_provenance = provenance
+        self.cost_provenance = provenance if provenance is not None else self.cost_provenance
         self.peak = cluster.device.peak_flops(compute_dtype)
         self.reduce_bytes, self.param_bytes = REDUCE_BYTES, PRECISION_BYTES[precision][0]
-        self.flash_attention = flash_attention
-        self.eager_loss = not (fused if fused_loss is None else fused_loss)
+        self.flash_attention, self.eager_loss = flash_attention, eager_loss(fused, fused_loss)
         self.b0 = graph.batch.batch_size
         prov = self.cost_provenance
         self.step = StepModel(self.compute, self.comm, precision=precision,
@@ -135,6 +132,10 @@ class Estimator:
     def _op_sets(self) -> tuple[frozenset[str], frozenset[str]]:
         """(saved, recomputed) nodes of op-level recomputation (:mod:`autoplan.cost.recompute`)."""
         return (saved := op_saved_nodes(self.graph)), op_recomputed_nodes(self.graph, saved)
+
+    @functools.lru_cache(maxsize=None)
+    def _op_kept(self, i: int) -> tuple[float, ...]:      # once per layer, not per config
+        return op_kept_bytes(self.graph, i, self._op_sets[0], lambda n: self._batchy[n][1])
 
     @functools.cached_property
     def _gemms(self) -> frozenset[str]:
@@ -413,8 +414,7 @@ class Estimator:
             peak = selective_peak_bytes(grown, tp=tp, micro_batch_scale=tok,
                                         flash_attention=self.flash_attention)
         elif op_level:  # input and saved outputs kept; the rest run again, with its TP comm
-            split, rep, row, rows = op_kept_bytes(self.graph, i, self._op_sets[0],
-                                                  lambda n: self._batchy[n][1])
+            split, rep, row, rows = self._op_kept(i)
             kept = split / tp + rep / (tp if sp_m else 1) + row + (rows / tp if sp_l else 0.0)
             act = activation_bytes(grown, tp=tp, sequence_parallel=sp_l and not sliced,
                                    checkpoint=True, micro_batch_scale=tok) + kept * tok

@@ -30,6 +30,7 @@ from autoplan.cluster import Cluster
 from autoplan.errors import InfeasibleError
 from autoplan.graph import OpGraph
 from autoplan.plan import ParallelConfig, Prediction
+from autoplan.plan_parts import PARTIAL_RECOMPUTE
 from autoplan.planner.grid.estimate import Estimator, divisors, fits
 from autoplan.schedule import runs_micro_batches
 
@@ -280,7 +281,7 @@ def explain_infeasible(closest: Candidate, cluster: Cluster) -> str:
     if p.zero < 3 and p.dp > 1:                 # ZeRO shards over data-parallel ranks only
         hints.append("ZeRO-3")
     if p.checkpoint != "full":
-        hints.append("full activation checkpointing" if p.checkpoint in ("selective", "op")
+        hints.append("full activation checkpointing" if p.checkpoint in PARTIAL_RECOMPUTE
                      else "activation checkpointing")
     if p.micro_batch > 1:
         hints.append("a smaller micro-batch")

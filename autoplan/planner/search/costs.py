@@ -50,7 +50,7 @@ import numpy as np
 from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_kind
-from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, usable_bytes
+from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, eager_loss, usable_bytes
 from autoplan.cost.recompute import attention_core
 from autoplan.cost.tp_overlap import tp_gemm_nodes
 from autoplan.graph import OpGraph
@@ -133,8 +133,8 @@ class CostModel:
                  memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True,
                  fused_loss: bool | None = None):
         self.graph = graph
-        #: the runtime fuses the loss's backward (api.prepare; ``fused`` reaches the compute model)
-        self.fused_loss = fused if fused_loss is None else fused_loss
+        #: the loss's backward runs eager (api.prepare; ``fused`` reaches the compute model)
+        self.eager_loss = eager_loss(fused, fused_loss)
         #: device memory a plan may fill (:func:`autoplan.cost.memory.usable_bytes`)
         self.memory_limit_bytes = usable_bytes(cluster.device.memory_bytes, memory_headroom)
         self.cluster = cluster

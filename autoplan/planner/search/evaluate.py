@@ -373,7 +373,7 @@ class Evaluator:
                          st.zero, mesh.size, float(cpu_f), float(cpu_b), modules,
                          transient=temporary_bytes(self.graph, st.start, st.end,
                                                    micro_batch / self.b0, mesh.size,
-                                                   eager=not self.cm.fused_loss),
+                                                   eager=self.cm.eager_loss),
                          selective=float(core),
                          tp_overlap=mesh.shape[-1] if st.tp_overlap else 0,
                          gemm_fwd=float(gemm_f), gemm_bwd=float(gemm_b))
