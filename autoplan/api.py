@@ -303,6 +303,8 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
         note = f"{gap}, so the search did not run; this is the uniform grid's best"
         return replace(uniform_plan, planner={**uniform_plan.planner, "note": note}), uniform
     options = options or SearchOptions()
+    if "op" in space.checkpoint and "op" not in options.checkpoint:   # asked of the grid
+        options = replace(options, checkpoint=(*options.checkpoint, "op"))
     if not capabilities(problem.spec).pipeline:      # what the engine can run for the model
         options = replace(options, max_stages=1)
     from autoplan.capability import adapted

@@ -123,3 +123,28 @@ def test_grid_and_search_price_every_uniform_configuration_the_same(cluster, req
             failures[p.label()] = diff
     assert not failures, f"{len(failures)} of {len(sample)} differ: " + \
         "; ".join(f"{k}: {v[:3]}" for k, v in list(failures.items())[:5])
+
+
+def test_grid_and_search_price_op_level_recomputation_the_same(gpu):
+    """Op-level recomputation (torchtitan's per-op policy) as the search's stages price it
+    -- the matmuls and element-wise ops run again, their collectives but the
+    reduce-scatters, the kept outputs sharded as the layouts place them -- equals the
+    grid's price of the same uniform configuration."""
+    problem, ev, _, _ = gpu
+    est = Estimator(problem.graph, problem.cluster, precision="mixed")
+    configs = list(enumerate_configs(problem.graph, problem.cluster, 64,
+                                     SearchSpace(checkpoint=("op",),
+                                                 tp_comm_overlap=(False, True))))
+    sample = random.Random(3).sample(configs, 30)
+    assert {p.checkpoint for p in sample} == {"op"}
+    assert any(p.sequence_parallel for p in sample) and any(
+        p.tp > 1 and not p.sequence_parallel for p in sample)
+    failures = {}
+    for p in sample:
+        mine = ev.predict(uniform_choice(ev, p))
+        assert mine.time.recompute > 0
+        diff = _differences(est.predict(p), mine)
+        if diff:
+            failures[p.label()] = diff
+    assert not failures, f"{len(failures)} of {len(sample)} differ: " + \
+        "; ".join(f"{k}: {v[:3]}" for k, v in list(failures.items())[:5])

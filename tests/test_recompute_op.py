@@ -141,3 +141,47 @@ def test_the_grid_enumerates_op_only_when_asked(llama, capsys, tmp_path):
             "--planner", "uniform", "--op-recompute", "--json", "-o", str(tmp_path / "p.json")]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["prediction"]["fits"] is True
+
+
+def test_the_search_recomputes_op_by_op_per_stage(llama):
+    """The search's stages take op-level recomputation when its options ask for it (as
+    ``autoplan plan --op-recompute`` does): priced between none and full, written as an
+    'op' plan whose recomputed stages name their blocks, never beside another mode."""
+    from autoplan.planner.search.search import SearchOptions, search
+    from autoplan.planner.search.to_plan import build_search_plan
+
+    p = llama
+    # stages that must recompute (no 'none' in the options) choose between full and
+    # op-level, and op-level recomputes less
+    only = search(p.spec, p.graph, p.cluster, global_batch=16,
+                  options=SearchOptions(checkpoint=(True, "op"), micro_batches=(2,),
+                                        max_stages=2))
+    best = only.ranked[0]
+    assert all(st.op_level and st.recompute == "op" for st in best.choice.stages)
+    assert best.prediction.time.recompute > 0
+    for c in only.ranked:
+        assert len({st.recompute for st in c.choice.stages} - {"none"}) <= 1
+    plan = build_search_plan(only, p.spec, p.cluster, global_batch=16,
+                             seq_len=p.seq_len, precision=p.precision_dict, top_k=0)
+    assert plan.parallel.checkpoint == "op" and "op-ckpt" in plan.planner["label"]
+    assert all(st.checkpoint_layers for st in plan.stages if any(
+        n.startswith("blocks.") for n in st.layer_names))
+
+
+def test_op_level_stages_hold_less_than_none_and_more_than_full(llama):
+    """One uniform configuration written as the search's stages (TP 2 with sequence
+    parallelism): op-level keeps less than no recomputation and more than full, and
+    recomputes less than full."""
+    from autoplan.planner.search.compose import analyse
+    from autoplan.planner.search.costs import CostModel
+    from autoplan.planner.search.evaluate import Evaluator
+    from autoplan.planner.search.megatron import uniform_choice
+
+    ev = Evaluator(CostModel(llama.graph, llama.cluster), analyse(llama.spec, llama.graph))
+    pred = {ck: ev.predict(uniform_choice(ev, ParallelConfig(
+        dp=4, tp=2, sequence_parallel=True, micro_batch=2, num_micro_batches=2,
+        checkpoint=ck))) for ck in ("none", "op", "full")}
+    act = {k: v.memory.activations for k, v in pred.items()}
+    rec = {k: v.time.recompute for k, v in pred.items()}
+    assert act["full"] < act["op"] < act["none"]
+    assert 0 == rec["none"] < rec["op"] < rec["full"]

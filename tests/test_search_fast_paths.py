@@ -41,15 +41,18 @@ def _loop_price(cm: CostModel, rows, mesh: LogicalMesh, scale: float) -> dict:
     """The per-candidate loop the packed arrays replace (``CostModel.kind_costs`` before
     issue #18), for the rows' records."""
     core, gemms = cm._core_and_gemms
-    out = {k: [] for k in ("fwd", "bwd", "cof", "cf", "cb", "act")}
+    again = cm.op_sets[1]
+    out = {k: [] for k in ("fwd", "bwd", "cof", "cf", "cb", "act", "orf", "okept")}
     for _, rec in rows:
-        f = b = cof = 0.0
+        f = b = cof = orf = 0.0
         for name, tp, batch_split, batchy in rec.ops:
             tf, tb = cm.op_time(name, tp, scale / batch_split if batchy else 1.0)
             f += tf
             b += tb
             if name in core:
                 cof += tf
+            if name in again:
+                orf += tf
         moves = [(d, c, ax, nb * (scale if sc else 1.0) / div)
                  for d, c, ax, nb, sc, div in rec.moves]
         out["fwd"].append(f)
@@ -61,6 +64,9 @@ def _loop_price(cm: CostModel, rows, mesh: LogicalMesh, scale: float) -> dict:
                              if d == "bwd"))
         out["act"].append(sum(nb * (scale if batchy else 1.0) / shard
                               for nb, batchy, shard, _ in rec.saved))
+        out["orf"].append(orf)
+        out["okept"].append(sum(nb * (scale if batchy else 1.0) / shard
+                                for nb, batchy, shard in rec.op_saved))
     return out
 
 
@@ -72,7 +78,7 @@ def test_packed_candidates_price_as_the_loop_over_records(small, mesh):
         exported = ms.exported(kind)
         for ai in range(len(kg.anchors)):
             rows = cm._structure(kg, mesh.shape, exported)[ai]
-            pk = PackedAnchor(rows, *cm._core_and_gemms)
+            pk = PackedAnchor(rows, *cm._core_and_gemms, cm.op_sets[1])
             for micro_batch in (64, 16, 4):
                 scale = micro_batch / cm.b0
                 got = pk.price(cm, mesh, scale)
@@ -124,10 +130,10 @@ def test_recomputed_layer_arrays_from_the_plain_ones_equal_a_full_build(small):
         layouts = [tuple(int(c[j % len(c)]) for c in kc.cand) for j in range(3)]
         kt[k] = kind_table(ev, k, mesh, 16, layouts)
     combos = Combos([(lam, z, ck) for lam in (0.0, 1e-10) for z in (0, 3)
-                     for ck in (False, True, "selective")])
+                     for ck in (False, True, "selective", "op")])
     for pick in pick_layouts(ev, kt, mesh, 4, combos):
         plain = layer_arrays(ev, mesh, 16, kt, pick, False)
-        for ck in (True, "selective"):
+        for ck in (True, "selective", "op"):
             full = layer_arrays(ev, mesh, 16, kt, pick, ck)
             derived = layer_arrays(ev, mesh, 16, kt, pick, ck, plain=plain)
             assert np.array_equal(full.cum, derived.cum)
@@ -140,7 +146,7 @@ def _loop_kind_table(ev, kind, mesh, micro_batch, layouts):
     import math
 
     from autoplan.planner.search.compose import transition_edges
-    from autoplan.planner.search.costs import BUCKETS, CORE_ACT, CORE_FWD
+    from autoplan.planner.search.costs import BUCKETS, CORE_ACT, CORE_FWD, OP_ACT, OP_FWD
 
     kc = ev.kind_costs(kind, mesh, micro_batch)
     ms = ev.ms
@@ -179,6 +185,9 @@ def _loop_kind_table(ev, kind, mesh, micro_batch, layouts):
     rows = []
     for ch in valid:
         fb, bb, moved = ev.layer_buckets(kind, mesh, micro_batch, ch)
+        again = {k: v for k, v in fb.items() if k[1] != "reduce_scatter"}
+        scattered = sum(v / mesh.shape[k[2]] for k, v in sorted(fb.items())
+                        if k[1] == "reduce_scatter")
         psi = np.zeros(len(BUCKETS))
         for ai, j in enumerate(ch):
             for bi, axes in enumerate(BUCKETS):
@@ -192,7 +201,10 @@ def _loop_kind_table(ev, kind, mesh, micro_batch, layouts):
             kept=kept(ch), psi=psi.tolist(),
             gathered=sum(kc.gathered[ai][j] for ai, j in enumerate(ch)),
             sf=sum(kc.extra[ai][j, CORE_FWD] for ai, j in enumerate(ch)),
-            sact=sum(kc.extra[ai][j, CORE_ACT] for ai, j in enumerate(ch))))
+            sact=sum(kc.extra[ai][j, CORE_ACT] for ai, j in enumerate(ch)),
+            of=sum(kc.extra[ai][j, OP_FWD] for ai, j in enumerate(ch)),
+            oc=ev._time(again, mesh),
+            oact=sum(kc.extra[ai][j, OP_ACT] for ai, j in enumerate(ch)) + scattered))
     return valid, rows
 
 
@@ -215,7 +227,8 @@ def test_kind_tables_equal_the_loop_over_layouts(small, mesh):
                                   ("cb", table.cb), ("act", table.act),
                                   ("kept", table.kept), ("psi", table.psi),
                                   ("gathered", table.gathered), ("sf", table.sf),
-                                  ("sact", table.sact)):
+                                  ("sact", table.sact), ("of", table.of), ("oc", table.oc),
+                                  ("oact", table.oact)):
                 assert values.tolist() == [float(r[field]) if field != "psi" else r[field]
                                            for r in rows], (kind, micro_batch, field)
 

@@ -50,9 +50,9 @@ def test_bound_lies_below_every_latency_of_its_count(monkeypatch):
     bounds: dict[int, float] = {}
     found: list = []
 
-    def bound(ev, tables, m, devices, memory):
+    def bound(ev, tables, m, devices, memory, **kw):
         bounds[m] = search_mod.latency_lower_bound.__wrapped__(ev, tables, m, devices,
-                                                               memory)
+                                                               memory, **kw)
         return bounds[m]
 
     class Recorded(search_mod.Candidate):

@@ -51,7 +51,7 @@ from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_kind
 from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, eager_loss, usable_bytes
-from autoplan.cost.recompute import attention_core
+from autoplan.cost.recompute import attention_core, op_recomputed_nodes, op_saved_nodes
 from autoplan.cost.tp_overlap import tp_gemm_nodes
 from autoplan.graph import OpGraph
 from autoplan.placement import shard_dim
@@ -79,9 +79,10 @@ class TensorEdge:
     nbytes: float              # full bytes at the micro-batch
 
 
-#: Columns of ``KindCosts.extra``: attention-core forward s, its saved bytes, TP-GEMM s.
-CORE_FWD, CORE_ACT, GEMM_FWD, GEMM_BWD = range(4)
-EXTRA = 4
+#: Columns of ``KindCosts.extra``: attention-core forward s, its saved bytes, TP-GEMM s,
+#: the forward s op-level recomputation runs again and the outputs it keeps (bytes).
+CORE_FWD, CORE_ACT, GEMM_FWD, GEMM_BWD, OP_FWD, OP_ACT = range(6)
+EXTRA = 6
 
 
 @dataclass
@@ -119,7 +120,8 @@ class KindCosts:
     extra: list[np.ndarray] = field(default_factory=list)
     # per anchor, (candidates, EXTRA): its attention core's forward seconds and saved bytes
     # (selective recomputation, :mod:`autoplan.cost.recompute`), its TP-sharded GEMMs'
-    # forward and backward seconds (:mod:`autoplan.cost.tp_overlap`)
+    # forward and backward seconds (:mod:`autoplan.cost.tp_overlap`), the forward seconds of
+    # its ops op-level recomputation runs again and the bytes of the outputs it keeps
 
     def index(self, pos: int) -> int:
         return self.anchors.index(pos)
@@ -216,6 +218,13 @@ class CostModel:
         TP-sharded GEMMs (:func:`autoplan.cost.tp_overlap.tp_gemm_nodes`) of the graph."""
         return attention_core(self.graph), tp_gemm_nodes(self.graph)
 
+    @functools.cached_property
+    def op_sets(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(saved, recomputed) nodes of op-level recomputation
+        (:func:`autoplan.cost.recompute.op_saved_nodes`, ``op_recomputed_nodes``)."""
+        saved = op_saved_nodes(self.graph)
+        return saved, op_recomputed_nodes(self.graph, saved)
+
     # ---- one kind ------------------------------------------------------------------------
     def layer_nodes(self, kg: KindGraph, layer: int | None = None) -> list[str]:
         return self.graph.layers[kg.layer if layer is None else layer].nodes
@@ -245,7 +254,8 @@ class CostModel:
             internal.append(Internal(pk, keep, scale_b))
             act.append(pr["act"][keep])
             extra.append(np.stack([pr["cof"][keep], pr["attn"][keep], pr["gf"][keep],
-                                   pr["gb"][keep]], axis=1).reshape(len(keep), EXTRA))
+                                   pr["gb"][keep], pr["orf"][keep], pr["okept"][keep]],
+                                  axis=1).reshape(len(keep), EXTRA))
             # what depends on the valid rows only, not on the micro-batch's prices
             kept = pk.kept(ai, keep)
             cand.append(kept.cand)
@@ -294,7 +304,8 @@ class CostModel:
         hit = self._packed_cache.get(key)
         if hit is None:
             hit = self._packed_cache[key] = PackedAnchor(
-                self._structure(kg, sizes, exported)[ai], *self._core_and_gemms)
+                self._structure(kg, sizes, exported)[ai], *self._core_and_gemms,
+                self.op_sets[1])
         return hit
 
     def _structure(self, kg: KindGraph, sizes: tuple[int, int], exported: frozenset[int]
@@ -390,6 +401,13 @@ class CostModel:
                                                           node.output_meta))
                 rec.saved.append((node.saved_bytes, grows, shard,
                                   node.saved_is_attention_matrix))
+            if node.name in self.op_sets[0]:     # an output op-level recomputation keeps
+                o0 = s.outputs[0] if s.outputs else None
+                shard = math.prod(sizes[x] for x in range(AXES)
+                                  if o0 is not None and o0[x].startswith("S"))
+                if any(_scaled(p, m) for p, m in zip(info.output_shapes, node.output_meta)):
+                    rec.op_saved.append((float(sum(m.nbytes for m in node.output_meta)),
+                                         True, shard))
             for o, spec in enumerate(s.outputs):
                 rec.o_specs[(pos, o)] = spec
             for q, spec in enumerate(s.inputs):
@@ -446,6 +464,9 @@ class _Candidate:
     moves: list[tuple] = field(default_factory=list)    # (dir, coll, axis, bytes, scaled, div)
     saved: list[tuple[int, bool, int, bool]] = field(default_factory=list)
     # (bytes, batchy, shard, an attention matrix?)
+    op_saved: list[tuple[float, bool, int]] = field(default_factory=list)
+    # outputs op-level recomputation keeps, those growing with the batch (as
+    # :func:`autoplan.cost.recompute.op_kept_bytes` counts them): (bytes, batchy, shard)
     pvec: list[float] = field(default_factory=lambda: [0.0] * len(BUCKETS))
     gbytes: float = 0.0
     tp_matmuls: int = 0

@@ -22,6 +22,12 @@ module prices that choice with the same formulas as
   composes the step (pipeline latency, the data-parallel and optimizer terms, memory per
   device, ranks sharing CPU cores, calibration) exactly as for the grid: the formulas are in
   :mod:`autoplan.cost.step`.
+* recomputation per stage: full (each block's input kept, its forward and in-layer
+  communication run again), selective (the attention core's forward again, its matrices
+  not kept) or op-level (:mod:`autoplan.cost.recompute`: the input, the attention outputs
+  and every other matmul's output kept, as each op's placement shards them, and the
+  reduce-scatters' outputs; the other ops' forward and the layer's other forward
+  collectives run again -- :meth:`Evaluator.op_recompute`).
 
 Two refinements over the Estimator, both only where a uniform plan never goes: ops on
 tensors without a batch dimension (a causal mask) do not scale with the micro-batch, and a
@@ -45,7 +51,7 @@ from autoplan.cost.step import ChunkCost, ParamBucket, StepModel, Workload
 from autoplan.plan import Prediction
 from autoplan.planner.search.compose import ModelStructure, transition_edges
 from autoplan.planner.search.costs import (BUCKETS, CORE_ACT, CORE_FWD, GEMM_BWD, GEMM_FWD,
-                                    CostModel, KindCosts, TensorEdge, conversions, grad_spec,
+                                    OP_ACT, OP_FWD, CostModel, KindCosts, TensorEdge, conversions, grad_spec,
                                     passes_partial, required_grad)
 from autoplan.planner.search.mesh import LogicalMesh
 
@@ -65,6 +71,13 @@ class StageChoice:
     checkpoint: bool = False
     selective: bool = False        # selective recomputation (the attention core only)
     tp_overlap: bool = False       # TP collectives overlapped with their GEMMs
+    op_level: bool = False         # op-level recomputation (torchtitan's per-op policy)
+
+    @property
+    def recompute(self) -> str:
+        """The stage's recomputation mode, as ``parallel.checkpoint`` names it."""
+        return "full" if self.checkpoint else "selective" if self.selective else \
+            "op" if self.op_level else "none"
 
     def of(self, kind: str) -> tuple[int, ...]:
         return dict(self.choice)[kind]
@@ -245,6 +258,17 @@ class Evaluator:
         return sum(self.cm.coll(coll, nbytes, mesh.group((axis,)))
                    for (_, coll, axis), nbytes in sorted(buckets.items()))
 
+    def op_recompute(self, fwd: Buckets, mesh: LogicalMesh) -> tuple[float, float]:
+        """(seconds, bytes) of a layer's forward collectives ``fwd`` under op-level
+        recomputation (:mod:`autoplan.cost.recompute`): the policy keeps the outputs of the
+        reduce-scatters (sequence parallelism; 1/n of each message on each of the n ranks)
+        and runs the other collectives again in backward (the all-gathers before column
+        matmuls; the all-reduces of row matmuls without sequence parallelism)."""
+        again = {k: v for k, v in fwd.items() if k[1] != "reduce_scatter"}
+        kept = sum(v / mesh.shape[k[2]] for k, v in sorted(fwd.items())
+                   if k[1] == "reduce_scatter")
+        return self._time(again, mesh), float(kept)
+
     # ---- ranks sharing CPU cores ---------------------------------------------------------
     @property
     def composer(self):
@@ -293,6 +317,7 @@ class Evaluator:
             if key not in comm_cache:
                 counts: dict | None = {} if composer is not None else None
                 f_b, b_b, moved = self.layer_buckets(kind, mesh, micro_batch, ch, counts)
+                op_comm = self.op_recompute(f_b, mesh)   # the layer's own: its input is kept
                 if prev is not None:
                     tf, tb, moved_t = self.transition_buckets(prev, kind, mesh, micro_batch,
                                                               st.of(prev), ch, counts)
@@ -308,16 +333,17 @@ class Evaluator:
                     cpu = (self.cpu_layer_time(f_b, counts, mesh, mm),
                            self.cpu_layer_time(b_b, counts, mesh, mm))
                 comm_cache[key] = (self._time(f_b, mesh), self._time(b_b, mesh), moved,
-                                   moved_t, cpu)
-            lf, lb, moved, moved_t, cpu = comm_cache[key]
+                                   moved_t, cpu, op_comm)
+            lf, lb, moved, moved_t, cpu, op_comm = comm_cache[key]
             tp_f += lf
             tp_b += lb
             cpu_f += cpu[0]
             cpu_b += cpu[1]
             recompute = st.checkpoint and ms.is_block[l]
             selective = st.selective and not st.checkpoint and ms.is_block[l]
+            op_level = st.op_level and not st.checkpoint and ms.is_block[l]
             layer_psi = np.zeros(len(BUCKETS))
-            layer_act = layer_core = 0.0
+            layer_act = layer_core = layer_op = 0.0
             layer_gathered = 0.0
             for ai, j in enumerate(ch):
                 fwd += kc.fwd[ai][j]
@@ -328,6 +354,9 @@ class Evaluator:
                 if selective:
                     core += ex[CORE_FWD]
                     layer_core += ex[CORE_ACT]
+                elif op_level:
+                    core += ex[OP_FWD]
+                    layer_op += ex[OP_ACT]
                 layer_act += kc.act[ai][j]
                 layer_gathered += kc.gathered[ai][j]
                 p = kc.psi[ai][j]
@@ -357,6 +386,10 @@ class Evaluator:
             elif selective:      # the attention matrices recomputed, one layer's at a time
                 act += layer_act - layer_core
                 peak = max(peak, layer_core)
+            elif op_level:       # input and kept outputs; the rest and its collectives again
+                core += op_comm[0]
+                act += self._kept_input(st, l, micro_batch) + layer_op + op_comm[1]
+                peak = max(peak, layer_act)
             else:
                 act += layer_act
         send = 0.0
@@ -440,7 +473,12 @@ class Evaluator:
                                                     if st.selective and not st.checkpoint
                                                     for l in range(st.start, st.end)
                                                     if self.ms.is_block[l]],
-                                          self.cm._core_and_gemms[0])) * gb / self.b0
+                                          self.cm._core_and_gemms[0])
+                           + core_fwd_flops(graph, [l for st in p.stages
+                                                    if st.op_level and not st.checkpoint
+                                                    for l in range(st.start, st.end)
+                                                    if self.ms.is_block[l]],
+                                          self.cm.op_sets[1])) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,
                         tokens=gb * (graph.batch.seq_len or 1), model_flops=model_flops,

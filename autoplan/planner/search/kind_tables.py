@@ -8,7 +8,8 @@ and backward (the anchors' :class:`~autoplan.planner.search.costs.KindCosts`), t
 resharding collectives (bucketed as the evaluator buckets them), the activations it keeps
 (its own and the tensors it reads from the previous layer, as its consumers place them),
 the input a recomputed layer keeps, its local parameters per sync bucket, the bytes ZeRO-3
-gathers, and the attention core's forward time and matrices (selective recomputation).
+gathers, the attention core's forward time and matrices (selective recomputation), and
+what op-level recomputation runs again (forward compute and collectives) and keeps.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autoplan.planner.search.costs import BUCKETS, CORE_ACT, CORE_FWD
+from autoplan.planner.search.costs import BUCKETS, CORE_ACT, CORE_FWD, OP_ACT, OP_FWD
 from autoplan.planner.search.evaluate import Evaluator
 from autoplan.planner.search.mesh import LogicalMesh
 
@@ -40,13 +41,21 @@ class KindTable:
     row_of: dict[tuple[int, ...], int] = None     # library layout -> row
     sf: np.ndarray = None              # attention core's forward (selective recomputation)
     sact: np.ndarray = None            # its attention matrices (bytes)
+    of: np.ndarray = None              # op-level recomputation: forward compute run again,
+    oc: np.ndarray = None              # forward collectives run again,
+    oact: np.ndarray = None            # outputs kept (bytes; the input is ``kept``)
 
     @functools.cached_property
     def columns(self) -> np.ndarray:
-        """(layouts, 13): f, b, cf, cb, act, kept, gathered, sf, sact, psi (4) per layout
-        (what :func:`layer_arrays` gathers per layer)."""
+        """(layouts, COLUMNS + 4): f, b, cf, cb, act, kept, gathered, sf, sact, of, oc,
+        oact, psi (4) per layout (what :func:`layer_arrays` gathers per layer)."""
         return np.column_stack([self.f, self.b, self.cf, self.cb, self.act, self.kept,
-                                self.gathered, self.sf, self.sact, self.psi])
+                                self.gathered, self.sf, self.sact, self.of, self.oc,
+                                self.oact, self.psi])
+
+
+#: the per-layout figures of :attr:`KindTable.columns` before the four ``psi`` buckets
+COLUMNS = 12
 
 
 def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
@@ -82,15 +91,19 @@ def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
 
     cf = np.empty(len(valid))
     cb = np.empty(len(valid))
+    oc = np.empty(len(valid))
+    o_rs = np.empty(len(valid))
     psi = np.empty((len(valid), len(BUCKETS)))
     for r, c in enumerate(valid):
         fb, bb, moved = ev.layer_buckets(kind, mesh, micro_batch, c)
         cf[r], cb[r] = ev._time(fb, mesh), ev._time(bb, mesh)
+        oc[r], o_rs[r] = ev.op_recompute(fb, mesh)
         psi[r] = _psi(ev, kc, c, moved)
     act = total(kc.act) + _imported(ev, kind, mesh, micro_batch, ch)
     return KindTable(valid, total(kc.fwd), total(kc.bwd), cf, cb, act,
                      _kept(ev, kind, mesh, micro_batch, ch), psi, total(kc.gathered),
-                     row_of, total(kc.extra, CORE_FWD), total(kc.extra, CORE_ACT))
+                     row_of, total(kc.extra, CORE_FWD), total(kc.extra, CORE_ACT),
+                     total(kc.extra, OP_FWD), oc, total(kc.extra, OP_ACT) + o_rs)
 
 
 def _psi(ev: Evaluator, kc, choice: tuple[int, ...], moved: dict) -> np.ndarray:

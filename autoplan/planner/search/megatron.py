@@ -131,9 +131,6 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
         # grid's alone, so such a configuration cannot be repriced (compare it directly)
         raise ValueError(f"{p.label()}: expert/context parallelism is not expressible as "
                          "per-op placements")
-    if p.checkpoint == "op":
-        raise ValueError(f"{p.label()}: op-level recomputation is priced by the grid only "
-                         "(the search's stages recompute fully or the attention core)")
     ms = ev.ms
     graph = ms.graph
     mesh = LogicalMesh((p.dp, p.tp), ev.cm.cluster.devices_per_node)
@@ -159,6 +156,7 @@ def uniform_choice(ev, parallel) -> "PipelineChoice":
                            for k, _ in comp.counts)
             stages.append(StageChoice(a, b, mesh, choice, p.zero, ckpt,
                                       selective=p.checkpoint == "selective",
+                                      op_level=p.checkpoint == "op",
                                       tp_overlap=p.tp_comm_overlap is True))
         return PipelineChoice(tuple(stages), micro_batch, p.num_micro_batches, p.schedule,
                               p.virtual_stages)

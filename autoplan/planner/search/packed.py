@@ -19,6 +19,8 @@ With scale = B / b0 (b0 the traced micro-batch), per candidate c (the formulas o
     comm_c[d]    = sum over moves of c in direction d  coll(collective, bytes x (scale if
                                                          scaled) / divisor, axis)
     act_c        = sum over saved tensors of c  bytes x (scale if batchy) / shard
+    orf_c, okept_c = the fwd_c of the ops op-level recomputation runs again, the act_c of
+                   the outputs it keeps (:mod:`autoplan.cost.recompute`)
 
 and a candidate is valid at B when every batch-scaled dim it shards, dim x scale, is a whole
 number divisible by its shard count. ``np.bincount`` adds its weights in input order, and
@@ -36,7 +38,8 @@ import numpy as np
 class PackedAnchor:
     """The candidates ``rows`` ((strategy, record) pairs) of one anchor as flat arrays."""
 
-    def __init__(self, rows: list, core: frozenset[str], gemms: frozenset[str]):
+    def __init__(self, rows: list, core: frozenset[str], gemms: frozenset[str],
+                 again: frozenset[str] = frozenset()):
         self.ks = np.array([k for k, _ in rows], dtype=np.int64)
         self.records = [rec for _, rec in rows]
         n = len(rows)
@@ -58,6 +61,7 @@ class PackedAnchor:
         self.op_cfg = np.array(op_cfg, dtype=np.int64)
         self.cfg_core = np.array([c[0] in core for c in self.cfgs], dtype=bool)
         self.cfg_gemm = np.array([c[0] in gemms for c in self.cfgs], dtype=bool)
+        self.cfg_again = np.array([c[0] in again for c in self.cfgs], dtype=bool)
         # moves: distinct (collective, axis, bytes, scaled, divisor)
         mv_of: dict[tuple, int] = {}
         mv_row, mv_cfg, mv_fwd = [], [], []
@@ -77,6 +81,12 @@ class PackedAnchor:
         self.sv_batchy = np.array([s[2] for s in sv], dtype=bool)
         self.sv_shard = np.array([s[3] for s in sv], dtype=float)
         self.sv_attn = np.array([s[4] for s in sv], dtype=bool)
+        ok = [(r, nb, batchy, shard) for r, rec in enumerate(self.records)
+              for nb, batchy, shard in rec.op_saved]
+        self.ok_row = np.array([o[0] for o in ok], dtype=np.int64)
+        self.ok_nb = np.array([o[1] for o in ok], dtype=float)
+        self.ok_batchy = np.array([o[2] for o in ok], dtype=bool)
+        self.ok_shard = np.array([o[3] for o in ok], dtype=float)
         self.pvec = np.array([rec.pvec for rec in self.records], dtype=float).reshape(n, -1)
         self.gbytes = np.array([rec.gbytes for rec in self.records], dtype=float)
         self.tp_matmuls = np.array([rec.tp_matmuls for rec in self.records], dtype=int)
@@ -115,10 +125,12 @@ class PackedAnchor:
             tf[i], tb[i] = cm.op_time(name, tp, scale / batch_split if batchy else 1.0)
         ef, eb = tf[self.op_cfg], tb[self.op_cfg]
         core, gemm = self.cfg_core[self.op_cfg], self.cfg_gemm[self.op_cfg]
+        again = self.cfg_again[self.op_cfg]
         mt = np.array([cm.coll(c, nb * (scale if sc else 1.0) / div, mesh.group((ax,)))
                        for c, ax, nb, sc, div in self.moves], dtype=float)[self.mv_cfg] \
             if self.moves else np.zeros(0)
         sv = self.sv_nb * np.where(self.sv_batchy, scale, 1.0) / self.sv_shard
+        ok = self.ok_nb * np.where(self.ok_batchy, scale, 1.0) / self.ok_shard
         return {"fwd": self._sum(self.op_row, ef), "bwd": self._sum(self.op_row, eb),
                 "cof": self._sum(self.op_row, np.where(core, ef, 0.0)),
                 "gf": self._sum(self.op_row, np.where(gemm, ef, 0.0)),
@@ -126,7 +138,9 @@ class PackedAnchor:
                 "cf": self._sum(self.mv_row, np.where(self.mv_fwd, mt, 0.0)),
                 "cb": self._sum(self.mv_row, np.where(self.mv_fwd, 0.0, mt)),
                 "act": self._sum(self.sv_row, sv),
-                "attn": self._sum(self.sv_row, np.where(self.sv_attn, sv, 0.0))}
+                "attn": self._sum(self.sv_row, np.where(self.sv_attn, sv, 0.0)),
+                "orf": self._sum(self.op_row, np.where(again, ef, 0.0)),
+                "okept": self._sum(self.ok_row, ok)}
 
 
 class Kept:

@@ -14,7 +14,8 @@ Zheng et al. 2022, eq. 2) and the balanced pipelines' ``m slow + ...`` -- is at 
 ``m max_s t_s``, and ``max_s t_s >= sum_s n_s t_s / N`` for stages of ``n_s`` devices out
 of ``N``. A stage's time per micro-batch is at least the sum of its layers' ``f + b + cf +
 cb`` (compute and layer communication, forward and backward; plus ``f + cf`` recomputed
-under full recomputation, the attention core's forward ``sf`` under selective: the
+under full recomputation, the attention core's forward ``sf`` under selective, ``of + oc``
+under op-level, each only where the search tries that mode: the
 transitions, sends, gradient sync and optimizer terms are >= 0 and dropped), and a stage
 that fits holds, per device, at least one micro-batch's activations and its states at
 ZeRO-3 (every state sharded: the least any ZeRO stage keeps; weighted as the tables weigh
@@ -43,11 +44,13 @@ MULTIPLIERS = np.concatenate([[0.0], np.logspace(-16, -7, 91)])
 SLACK = 1e-9
 
 
-def latency_lower_bound(ev, tables: dict, m: int, devices: int, memory: float) -> float:
+def latency_lower_bound(ev, tables: dict, m: int, devices: int, memory: float,
+                        modes=(True, "selective")) -> float:
     """``LB(m)`` (module docstring) from the kind tables ``tables`` ((kind, mesh) ->
     :class:`~autoplan.planner.search.kind_tables.KindTable` or None) of every mesh m's
     pipelines may use, on a cluster of ``devices`` devices with a budget of ``memory``
-    bytes per device. 0 when some layer kind has no table (no bound)."""
+    bytes per device; ``modes``: the recomputation modes searched besides none (True:
+    full). 0 when some layer kind has no table (no bound)."""
     ms = ev.ms
     p_b, g_b, o_b = ev.cm.state_bytes
     weight = solver_state_weight(ev.step.gpu)   # as the tables weigh the states
@@ -60,11 +63,15 @@ def latency_lower_bound(ev, tables: dict, m: int, devices: int, memory: float) -
         base = t.f + t.b + t.cf + t.cb
         times, mems = [base], [states + t.act]
         if ms.is_block[ms.kinds[kind].layer]:
-            times.append(base + t.f + t.cf)                      # full recomputation
-            mems.append(states + t.kept)
-            if t.sf is not None and t.sact is not None:          # selective
+            if True in modes:                                    # full recomputation
+                times.append(base + t.f + t.cf)
+                mems.append(states + t.kept)
+            if "selective" in modes and t.sf is not None and t.sact is not None:
                 times.append(base + t.sf)
                 mems.append(states + t.act - t.sact)
+            if "op" in modes and t.of is not None:              # op-level
+                times.append(base + t.of + t.oc)
+                mems.append(states + t.kept + t.oact)
         time = np.concatenate(times) * mesh.size
         mem = np.concatenate(mems) * mesh.size
         if not time.size:

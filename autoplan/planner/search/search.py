@@ -20,7 +20,8 @@ Steps (timings in ``SearchResult.seconds``):
      (:func:`~autoplan.planner.search.tables.range_table`): the best
      (layouts, ZeRO stage, recomputation) that fits in device memory -- recomputation none,
      full or selective (the attention core, :mod:`autoplan.cost.recompute`; where blocks
-     keep attention matrices), per stage, a plan never mixing full and selective stages;
+     keep attention matrices), and op-level (torchtitan's per-op policy) where the options
+     ask for it, per stage, a plan never mixing two modes that recompute;
    * **inter-op pass**: Alpa's DP over stages and submeshes
      (:func:`~autoplan.planner.search.inter_op.pipeline_dp`) for 1F1B (GPipe has the same latency
      and more activations in flight);
@@ -86,7 +87,8 @@ class SearchOptions:
     virtual_stages: tuple[int, ...] = (2, 4)
     zero: tuple[int, ...] = (0, 1, 2, 3)
     checkpoint: tuple[bool | str, ...] = (False, True, "selective")   # "selective": the
-    # attention core (autoplan.cost.recompute), only where blocks keep attention matrices
+    # attention core (autoplan.cost.recompute), only where blocks keep attention matrices;
+    # "op": op-level recomputation (autoplan.cost.recompute), opt-in as in the grid
     lambdas: tuple[float, ...] = (0.0, 1e-11, 1e-10, math.inf)
     library_lambdas: tuple[float, ...] = LAMBDAS
     megatron_seeds: bool = True
@@ -265,7 +267,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
                     for k in kinds:
                         usable[(k, mesh)] = ws.kind_table(k, mesh, mb)
             if ranked.beaten(latency_lower_bound(ev, usable, m, cluster.world_size,
-                                                 memory)):
+                                                 memory, modes=checkpoints)):
                 pruned.append(m)
                 continue
         arrays = ws.layer_arrays(mb)
@@ -359,13 +361,14 @@ def _stage(ms: ModelStructure, mesh: LogicalMesh, combo, pick: dict[str, int], t
     present = list(dict.fromkeys(ms.layer_kind[start:end]))
     choice = tuple((k, tables[(k, mesh)].layouts[pick[k]]) for k in present)
     return StageChoice(start, end, mesh, choice, z, ck is True,
-                       selective=ck == "selective")
+                       selective=ck == "selective", op_level=ck == "op")
 
 
 def _mixed_recompute(p: PipelineChoice) -> bool:
-    """Stages recomputed fully beside stages recomputed selectively: a plan names one mode
-    for its recomputed layers (``parallel.checkpoint``), so such a choice is not written."""
-    return any(st.checkpoint for st in p.stages) and any(st.selective for st in p.stages)
+    """Stages recomputing in two different ways (full beside selective, say): a plan names
+    one mode for its recomputed layers (``parallel.checkpoint``), so such a choice is not
+    written."""
+    return len({st.recompute for st in p.stages} - {"none"}) > 1
 
 
 def _balanced_chunks(ms: ModelStructure, pp: int, m: int, opts: SearchOptions,

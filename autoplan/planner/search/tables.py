@@ -37,6 +37,7 @@ from autoplan.cost.step import REDUCE_BYTES, gathers_back, memory_zero, reductio
 from autoplan.planner.search.costs import BUCKETS
 from autoplan.planner.grid.estimate import OVERLAP_COST
 from autoplan.planner.search.evaluate import Evaluator
+from autoplan.planner.search.kind_tables import COLUMNS
 from autoplan.planner.search.mesh import LogicalMesh
 
 INF = math.inf
@@ -71,18 +72,19 @@ class Combos(list):
 
     @functools.cached_property
     def arrays(self) -> tuple:
-        """(indices of the lambda combos, their lambda, z, full and selective recomputation
-        as columns; the coherent combos as {solution: [indices]})."""
+        """(indices of the lambda combos, their lambda, z, full, selective and op-level
+        recomputation as columns; the coherent combos as {solution: [indices]})."""
         free = [i for i, c in enumerate(self) if not isinstance(c[0], tuple)]
         lam = np.array([self[i][0] for i in free], dtype=float)[:, None]
         zs = np.array([self[i][1] for i in free], dtype=np.int64)
         cks = np.array([self[i][2] is True for i in free], dtype=bool)[:, None]
         sels = np.array([self[i][2] == "selective" for i in free], dtype=bool)[:, None]
+        ops = np.array([self[i][2] == "op" for i in free], dtype=bool)[:, None]
         fixed: dict = {}
         for i, c in enumerate(self):
             if isinstance(c[0], tuple):
                 fixed.setdefault(c[0], []).append(i)
-        return np.array(free, dtype=np.int64), lam, zs, cks, sels, fixed
+        return np.array(free, dtype=np.int64), lam, zs, cks, sels, ops, fixed
 
 
 def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
@@ -95,7 +97,7 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
     p_b, g_b, o_b = ev.cm.state_bytes
     opt_rate = ev.cm.compute.optimizer_time(1.0)
     combos = combos if isinstance(combos, Combos) else Combos(combos)
-    free, lam, zs, cks, sels, fixed = combos.arrays
+    free, lam, zs, cks, sels, ops, fixed = combos.arrays
     finite = np.isfinite(lam)
     # bytes per parameter of each bucket at each combo's ZeRO stage: (C, 4)
     per = (p_b / np.where(zs[:, None] >= 3, div, 1.0) + g_b / np.where(zs[:, None] >= 2, div, 1.0)
@@ -111,8 +113,11 @@ def pick_layouts(ev: Evaluator, kt: dict, mesh: LogicalMesh, m: int,
         opt = opt_rate * ((1.0 / opt_div) @ t.psi.T)                  # (C, L)
         rec = cks & ms.is_block[ms.kinds[k].layer]
         sel = sels & ms.is_block[ms.kinds[k].layer]
-        tl = t.f + t.b + t.cf + t.cb + np.where(rec, t.f + t.cf, np.where(sel, t.sf, 0.0))
-        mem = states + np.where(rec, t.kept, np.where(sel, t.act - t.sact, t.act))
+        op = ops & ms.is_block[ms.kinds[k].layer]
+        tl = t.f + t.b + t.cf + t.cb + np.select([rec, sel, op], [t.f + t.cf, t.sf,
+                                                                  t.of + t.oc], 0.0)
+        mem = states + np.select([rec, sel, op], [t.kept, t.act - t.sact, t.kept + t.oact],
+                                 t.act)
         score = np.where(finite, tl + (OVERLAP_COST * sync + opt) / m +
                          np.where(finite, lam, 0.0) * mem, mem + 1e-9 * tl)
         best = np.argmin(score, axis=1)
@@ -295,8 +300,8 @@ class LayerArrays:
     cum: np.ndarray
     peak: np.ndarray         # per layer: a recomputed layer's full activations (selective:
     gathered: np.ndarray     # its attention matrices); per layer: parameter bytes gathered
-    checkpoint: bool         # full recomputation (selective adds its forward to T)
-    per: np.ndarray = None       # (L, 13) each layer's KindTable.columns (layer_arrays)
+    checkpoint: bool         # full recomputation (selective and op-level add to T)
+    per: np.ndarray = None       # (L, 16) each layer's KindTable.columns (layer_arrays)
 
 
 def _sparse_table(x: np.ndarray) -> np.ndarray:
@@ -316,9 +321,9 @@ def _sparse_table(x: np.ndarray) -> np.ndarray:
 def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
                  pick: dict[str, int], checkpoint: bool | str,
                  plain: LayerArrays | None = None) -> LayerArrays:
-    """``checkpoint``: False, True (full recomputation of the blocks) or 'selective'.
+    """``checkpoint``: False, True (full recomputation of the blocks), 'selective' or 'op'.
     ``plain``: the same layouts' arrays without recomputation, if at hand: recomputation
-    changes only the columns it touches (ACT; selective also T, BWD, FB), so the rest --
+    changes only the columns it touches (ACT; selective and op also T, BWD, FB), so the rest --
     the per-layer gather, the transitions, their prefix sums -- is taken from it."""
     order, kidx, pairs, pidx, is_block = ev.ms.layer_index
     n_layers = len(kidx)
@@ -326,18 +331,18 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
         per = plain.per
     else:
         plain = None
-        # each layer takes its kind's pick: (L, 13) columns of KindTable.columns
+        # each layer takes its kind's pick: (L, 16) columns of KindTable.columns
         per = np.stack([kt[k].columns[pick[k]] for k in order])[kidx]
-    f, b, cf, cb, act_full, kept, gath, sf, sact = per[:, :9].T
+    f, b, cf, cb, act_full, kept, gath, sf, sact, of, oc, oact = per[:, :COLUMNS].T
     rec = is_block & (checkpoint is True)
     part = is_block & (checkpoint == "selective")
-    selective = bool(part.any())
-    if selective:              # the attention core: recomputed, its matrices not kept
-        b = b + np.where(part, sf, 0.0)
-        act_full = np.where(part, act_full - sact, act_full)
-        peak_sel = np.where(part, sact, 0.0)
-    else:
-        peak_sel = np.zeros(n_layers)
+    op = is_block & (checkpoint == "op")
+    selective = bool(part.any()) or bool(op.any())
+    # selective: the attention core again, its matrices not kept; op-level: the input and
+    # kept outputs, the rest and its collectives again (a full layer at its recompute peak)
+    b = b + np.select([part, op], [sf, of + oc], 0.0)
+    peak_sel = np.select([part, op], [sact, act_full], 0.0)
+    act_full = np.select([part, op], [act_full - sact, kept + oact], act_full)
     if plain is not None:
         cols = plain.cum.copy()
         body = cols[1:]
@@ -356,7 +361,7 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
                            for ka, kb in pairs], dtype=float)
             body[1:, TR] = tt[pidx, 0] + tt[pidx, 1]
             body[1:, TRF] = tt[pidx, 0]
-        body[:, PSI:] = per[:, 9:]
+        body[:, PSI:] = per[:, COLUMNS:]
     if T in touched:
         body[:, T] = f + b + cf + cb
         body[:, BWD] = b

@@ -36,7 +36,8 @@ GB = 1e9
 def choice_label(p: PipelineChoice) -> str:
     """Short label, e.g. '2 stages [64x2 z2, 64x2 z2] mb128x12 interleaved_1f1b v4'."""
     per = [f"{st.mesh.label()} z{st.zero}" + (" ckpt" if st.checkpoint else
-                                               " sel-ckpt" if st.selective else "")
+                                               " sel-ckpt" if st.selective else
+                                               " op-ckpt" if st.op_level else "")
            for st in p.stages[:p.pp]]
     if len(set(per)) == 1:
         stages = f"{p.pp} x [{per[0]}]"
@@ -53,12 +54,13 @@ def _uniform(p: PipelineChoice) -> bool:
 
 
 def _recompute_mode(p: PipelineChoice) -> str:
-    """``parallel.checkpoint`` of a searched plan: 'selective' when its recomputed stages
-    recompute the attention core (the search never mixes it with full), 'full' when every
-    stage recomputes its blocks, else 'none' (some stages' ``checkpoint_layers`` then say
-    which are recomputed fully)."""
-    if any(st.selective for st in p.stages):
-        return "selective"
+    """``parallel.checkpoint`` of a searched plan: 'selective' or 'op' when its recomputed
+    stages recompute the attention core or op by op (the search never mixes two modes),
+    'full' when every stage recomputes its blocks, else 'none' (some stages'
+    ``checkpoint_layers`` then say which are recomputed fully)."""
+    for mode in ("selective", "op"):
+        if any(st.recompute == mode for st in p.stages):
+            return mode
     return "full" if all(st.checkpoint for st in p.stages) else "none"
 
 
@@ -172,7 +174,7 @@ def build_search_plan(result: SearchResult, spec, cluster, *, global_batch: int,
         param_placements.update(params)
         names = tuple(layer_names[st.start:st.end])
         ckpt = tuple(nm for l, nm in zip(range(st.start, st.end), names)
-                     if (st.checkpoint or st.selective) and ms.is_block[l])
+                     if st.recompute != "none" and ms.is_block[l])
         split = math.prod(st.mesh.shape[axis_names.index(a)] for a in data) if data else 1
         nxt = (c + 1) % p.pp
         cross = c == n - 1 or ev.cross_node(offsets[d], st.mesh.size, offsets[nxt],
