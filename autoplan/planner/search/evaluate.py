@@ -258,12 +258,16 @@ class Evaluator:
         return sum(self.cm.coll(coll, nbytes, mesh.group((axis,)))
                    for (_, coll, axis), nbytes in sorted(buckets.items()))
 
-    def op_recompute(self, fwd: Buckets, mesh: LogicalMesh) -> tuple[float, float]:
+    def op_recompute(self, fwd: Buckets, mesh: LogicalMesh, total: float | None = None
+                     ) -> tuple[float, float]:
         """(seconds, bytes) of a layer's forward collectives ``fwd`` under op-level
         recomputation (:mod:`autoplan.cost.recompute`): the policy keeps the outputs of the
         reduce-scatters (sequence parallelism; 1/n of each message on each of the n ranks)
         and runs the other collectives again in backward (the all-gathers before column
-        matmuls; the all-reduces of row matmuls without sequence parallelism)."""
+        matmuls; the all-reduces of row matmuls without sequence parallelism). ``total``:
+        ``_time(fwd)``, if the caller has it (all of it, where nothing is reduce-scattered)."""
+        if total is not None and not any(k[1] == "reduce_scatter" for k in fwd):
+            return total, 0.0
         again = {k: v for k, v in fwd.items() if k[1] != "reduce_scatter"}
         kept = sum(v / mesh.shape[k[2]] for k, v in sorted(fwd.items())
                    if k[1] == "reduce_scatter")
@@ -317,7 +321,8 @@ class Evaluator:
             if key not in comm_cache:
                 counts: dict | None = {} if composer is not None else None
                 f_b, b_b, moved = self.layer_buckets(kind, mesh, micro_batch, ch, counts)
-                op_comm = self.op_recompute(f_b, mesh)   # the layer's own: its input is kept
+                # the layer's own (its input is kept), before the transition's are added
+                op_comm = self.op_recompute(f_b, mesh) if st.op_level else (0.0, 0.0)
                 if prev is not None:
                     tf, tb, moved_t = self.transition_buckets(prev, kind, mesh, micro_batch,
                                                               st.of(prev), ch, counts)

@@ -97,7 +97,7 @@ def kind_table(ev: Evaluator, kind: str, mesh: LogicalMesh, micro_batch: int,
     for r, c in enumerate(valid):
         fb, bb, moved = ev.layer_buckets(kind, mesh, micro_batch, c)
         cf[r], cb[r] = ev._time(fb, mesh), ev._time(bb, mesh)
-        oc[r], o_rs[r] = ev.op_recompute(fb, mesh)
+        oc[r], o_rs[r] = ev.op_recompute(fb, mesh, total=cf[r])
         psi[r] = _psi(ev, kc, c, moved)
     act = total(kc.act) + _imported(ev, kind, mesh, micro_batch, ch)
     return KindTable(valid, total(kc.fwd), total(kc.bwd), cf, cb, act,
