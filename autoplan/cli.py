@@ -198,9 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "engine does not run them")
     p.add_argument("--op-recompute", action="store_true",
                    help="also consider torchtitan's op-level recomputation (attention outputs "
-                   "and every other matmul saved, the rest recomputed) in the uniform grid: "
-                   "the engine runs it and torchtitan exports it; Megatron-LM and DeepSpeed "
-                   "cannot express it")
+                   "and every other matmul saved, the rest recomputed) in the uniform grid "
+                   "and, per stage, in the search: the engine runs it and torchtitan exports "
+                   "it; Megatron-LM and DeepSpeed cannot express it")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
