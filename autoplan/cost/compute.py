@@ -156,6 +156,9 @@ COMM_OPS = frozenset({
     "all_to_all_single", "wait_tensor", "broadcast", "broadcast_", "send", "recv",
     "allreduce_", "allgather_", "reduce_scatter_",
 })
+#: Fused kernels autoplan's trace records as one op (:mod:`autoplan.trace.ssm`): already
+#: one kernel, so the fusion factor of unfused element-wise traffic does not apply.
+FUSED_KERNEL_OPS = frozenset({"selective_scan", "selective_scan_backward"})
 #: The loss: run in float32 under any mixed precision (torch autocast's float32 list;
 #: Megatron-LM's and torchtitan's ``logits.float()``) and not fused away (module docstring).
 LOSS_OPS = frozenset({
@@ -404,7 +407,7 @@ class ComputeModel:
                 return fwd, 0.0
             b_bwd = nbytes * (f_bwd / f_fwd if f_fwd > 0 else 2.0)
             return fwd, max(f_bwd / r_bwd, b_bwd / bw) + kernels * t_k
-        phi = 1.0 if loss else eff.fusion
+        phi = 1.0 if loss or op_base_name(node.op) in FUSED_KERNEL_OPS else eff.fusion
         fwd = phi * (max(f_fwd / self.vector_peak, nbytes / bw) + t_k)
         if not self._has_backward(node):
             return fwd, 0.0

@@ -30,6 +30,10 @@ One decision is made on tensor *values* the trace does not have:
   place when the last trace ends. (Sliding-window layers and explicit padding masks still
   build their masks, as they do on the GPU.)
 
+One more kernel has no meta-device counterpart: Mamba's selective scan, which transformers
+runs as a Python loop over the sequence without the ``mamba_ssm`` kernels; while tracing it
+becomes one fused op (:mod:`autoplan.trace.ssm`), thread by thread as above.
+
 The rewrite is a :class:`torch.overrides.TorchFunctionMode`, active only while tracing.
 """
 
@@ -42,6 +46,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from autoplan.trace.ssm import ScanPatch
 
 _aten = torch.ops.aten
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
@@ -138,9 +144,11 @@ class CudaSemantics(TorchFunctionMode):
 
     def __enter__(self):
         _plain_rows_patch(+1)
+        ScanPatch.enter()
         try:
             return super().__enter__()
         except BaseException:
+            ScanPatch.leave()
             _plain_rows_patch(-1)
             raise
 
@@ -148,6 +156,7 @@ class CudaSemantics(TorchFunctionMode):
         try:
             return super().__exit__(*exc)
         finally:
+            ScanPatch.leave()
             _plain_rows_patch(-1)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
