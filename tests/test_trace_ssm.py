@@ -1,6 +1,6 @@
-"""Mamba-style selective scans traced as the one fused kernel a GPU runs
-(:mod:`autoplan.trace.ssm`): the op computes what transformers' scan computes, values and
-gradients; Mamba, Falcon-Mamba and Jamba trace with one scan op per layer instead of a
+"""Mamba-style selective scans and RWKV's WKV traced as the one fused kernel a GPU runs
+(:mod:`autoplan.trace.ssm`): the ops compute what transformers' loops compute, values and
+gradients; Mamba, Falcon-Mamba, Jamba and RWKV trace with one op per layer instead of a
 Python loop over the sequence; the patch is the tracing thread's alone and undone."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from autoplan.models import resolve
 from autoplan.trace import trace
 from autoplan.trace.cuda_semantics import CudaSemantics
-from autoplan.trace.ssm import selective_scan
+from autoplan.trace.ssm import WKV_FLOPS, selective_scan, wkv
 
 mm = pytest.importorskip("transformers.models.mamba.modeling_mamba")
 
@@ -96,3 +96,23 @@ def test_the_scan_patch_is_the_tracing_threads_alone_and_undone():
         with CudaSemantics():
             raise RuntimeError("a trace that fails")
     assert mm.mamba_selective_scan is own
+
+
+def test_wkv_computes_transformers_recurrence_and_rwkv_traces_one_op_per_layer():
+    mr = pytest.importorskip("transformers.models.rwkv.modeling_rwkv")
+    g = torch.Generator().manual_seed(1)
+    td, tf = (torch.randn(4, generator=g).requires_grad_() for _ in range(2))
+    k, v = (torch.randn(2, 5, 4, generator=g).requires_grad_() for _ in range(2))
+    want, _ = mr.rwkv_linear_attention_cpu(td, tf, k, v)
+    got, _ = wkv(td, tf, k, v)
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    grad = torch.randn(want.shape, generator=g)
+    for a, b_ in zip(torch.autograd.grad(want, [td, tf, k, v], grad),
+                     torch.autograd.grad(got, [td, tf, k, v], grad)):
+        assert torch.allclose(a, b_, rtol=1e-5, atol=1e-5)
+    graph = trace(resolve("hf:rwkv", num_hidden_layers=2, hidden_size=64, vocab_size=256,
+                          attention_hidden_size=64, intermediate_size=128), 1, 256)
+    ops = [n for n in graph.nodes.values() if n.op.startswith("autoplan.wkv")]
+    assert len(ops) == 2 and max(len(layer.nodes) for layer in graph.layers) < 200
+    assert ops[0].fwd_flops == WKV_FLOPS * 256 * 64
+    assert ops[0].bwd_flops == 3 * ops[0].fwd_flops

@@ -158,7 +158,8 @@ COMM_OPS = frozenset({
 })
 #: Fused kernels autoplan's trace records as one op (:mod:`autoplan.trace.ssm`): already
 #: one kernel, so the fusion factor of unfused element-wise traffic does not apply.
-FUSED_KERNEL_OPS = frozenset({"selective_scan", "selective_scan_backward"})
+FUSED_KERNEL_OPS = frozenset({"selective_scan", "selective_scan_backward", "wkv",
+                              "wkv_backward"})
 #: The loss: run in float32 under any mixed precision (torch autocast's float32 list;
 #: Megatron-LM's and torchtitan's ``logits.float()``) and not fused away (module docstring).
 LOSS_OPS = frozenset({

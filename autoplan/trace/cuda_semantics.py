@@ -30,9 +30,9 @@ One decision is made on tensor *values* the trace does not have:
   place when the last trace ends. (Sliding-window layers and explicit padding masks still
   build their masks, as they do on the GPU.)
 
-One more kernel has no meta-device counterpart: Mamba's selective scan, which transformers
-runs as a Python loop over the sequence without the ``mamba_ssm`` kernels; while tracing it
-becomes one fused op (:mod:`autoplan.trace.ssm`), thread by thread as above.
+Two more kernels have no meta-device counterpart: Mamba's selective scan and RWKV's WKV,
+which transformers runs as Python loops over the sequence without their CUDA kernels; while
+tracing each becomes one fused op (:mod:`autoplan.trace.ssm`), thread by thread as above.
 
 The rewrite is a :class:`torch.overrides.TorchFunctionMode`, active only while tracing.
 """

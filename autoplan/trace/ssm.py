@@ -27,6 +27,12 @@ op ``autoplan::selective_scan`` with the kernel's footprint:
 * its time is memory-bound (about 12 FLOPs per byte at n = 16), priced from its bytes
   like any fused kernel (:mod:`autoplan.cost.compute`, ``FUSED_KERNEL_OPS``).
 
+RWKV-4's WKV recurrence (transformers' ``rwkv_linear_attention``, a CUDA kernel on the GPU,
+a loop over the sequence elsewhere) becomes ``autoplan::wkv`` the same way: reads k, v
+(b, l, d) and the two (d) vectors, writes (b, l, d), ``WKV_FLOPS`` = 20 FLOPs per element
+forward (two maxima, four exponentials and the running sums of eq. 13-16 of Peng et al.
+2023, arXiv 2305.13048), three times that backward (the kernel re-runs the recurrence).
+
 On real tensors the op runs a reference scan (and its backward through autograd over the
 reference), so a traced model that is run stays correct; the engine does not use it.
 """
@@ -40,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
-__all__ = ["selective_scan", "ScanPatch"]
+__all__ = ["selective_scan", "wkv", "ScanPatch"]
 
 
 def _reference(u, delta, A, B, C, D, z, delta_bias, delta_softplus: bool):
@@ -163,18 +169,100 @@ def selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None,
     return y
 
 
-#: the function transformers' Mamba-style modules define for the scan
-_NAME = "mamba_selective_scan"
+# ---- RWKV-4's WKV recurrence -----------------------------------------------------------------
+
+def _wkv_reference(time_decay, time_first, key, value):
+    """RWKV-4's WKV (Peng et al. 2023, "RWKV: Reinventing RNNs for the Transformer Era",
+    arXiv 2305.13048, eq. 13-16), position by position in float32 with the running maximum
+    for stability, as transformers' ``rwkv_linear_attention_cpu`` computes it."""
+    b, length, d = key.shape
+    num = key.new_zeros((b, d), dtype=torch.float32)
+    den = key.new_zeros((b, d), dtype=torch.float32)
+    top = key.new_zeros((b, d), dtype=torch.float32) - 1e38
+    decay = -torch.exp(time_decay.float())
+    first = time_first.float()
+    outs = []
+    for t in range(length):
+        k, v = key[:, t].float(), value[:, t].float()
+        m = torch.maximum(top, k + first)
+        e1, e2 = torch.exp(top - m), torch.exp(k + first - m)
+        outs.append((e1 * num + e2 * v) / (e1 * den + e2))
+        m2 = torch.maximum(top + decay, k)
+        e1, e2 = torch.exp(top + decay - m2), torch.exp(k - m2)
+        num, den, top = e1 * num + e2 * v, e1 * den + e2, m2
+    return torch.stack(outs, dim=1).to(key.dtype)
+
+
+@torch.library.custom_op("autoplan::wkv", mutates_args=())
+def _wkv_op(time_decay: torch.Tensor, time_first: torch.Tensor, key: torch.Tensor,
+            value: torch.Tensor) -> torch.Tensor:
+    return _wkv_reference(time_decay, time_first, key, value)
+
+
+@_wkv_op.register_fake
+def _(time_decay, time_first, key, value):
+    return torch.empty_like(key)
+
+
+@torch.library.custom_op("autoplan::wkv_backward", mutates_args=())
+def _wkv_backward_op(grad: torch.Tensor, time_decay: torch.Tensor, time_first: torch.Tensor,
+                     key: torch.Tensor, value: torch.Tensor) -> list[torch.Tensor]:
+    _, vjp = torch.func.vjp(_wkv_reference, time_decay, time_first, key, value)
+    return list(vjp(grad))
+
+
+@_wkv_backward_op.register_fake
+def _(grad, time_decay, time_first, key, value):
+    return [torch.empty_like(t) for t in (time_decay, time_first, key, value)]
+
+
+def _wkv_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _wkv_backward(ctx, grad):
+    return tuple(_wkv_backward_op(grad, *ctx.saved_tensors))
+
+
+_wkv_op.register_autograd(_wkv_backward, setup_context=_wkv_setup)
+
+#: FLOPs per (batch, position, channel) of the WKV kernel's forward: two maxima, four
+#: exponentials, their arguments, and the numerator, denominator and state updates
+WKV_FLOPS = 20
+
+
+@register_flop_formula(torch.ops.autoplan.wkv)
+def _wkv_flops(time_decay, time_first, key, value, *args, out_val=None, **kwargs) -> int:
+    b, length, d = tuple(key)
+    return WKV_FLOPS * b * length * d
+
+
+@register_flop_formula(torch.ops.autoplan.wkv_backward)
+def _wkv_backward_flops(grad, time_decay, time_first, key, value, *args, out_val=None,
+                        **kwargs) -> int:
+    b, length, d = tuple(key)
+    return 3 * WKV_FLOPS * b * length * d
+
+
+def wkv(time_decay, time_first, key, value, state=None, return_state=False):
+    """transformers' ``rwkv_linear_attention`` as one fused op (module docstring); with a
+    state (generation) transformers' own function runs."""
+    return torch.ops.autoplan.wkv(time_decay, time_first, key, value), None
+
+
+#: the functions of transformers' model modules a trace replaces, and by what
+_ROUTES = {"mamba_selective_scan": selective_scan, "rwkv_linear_attention": wkv}
 
 
 class ScanPatch:
     """While a trace runs: every imported ``transformers.models.*`` module's
-    ``mamba_selective_scan`` answers with :func:`selective_scan` in the tracing thread
-    (other threads keep transformers' own); the last trace out restores them."""
+    ``mamba_selective_scan`` and ``rwkv_linear_attention`` answer with :func:`selective_scan`
+    and :func:`wkv` in the tracing thread (other threads keep transformers' own; so does a
+    call carrying a recurrent state: generation); the last trace out restores them."""
 
     _lock = threading.Lock()
     _depth = 0
-    _own: dict[str, object] = {}
+    _own: dict[tuple[str, str], object] = {}
     _local = threading.local()
 
     @classmethod
@@ -183,12 +271,13 @@ class ScanPatch:
         with cls._lock:
             cls._depth += 1
             for name, module in list(sys.modules.items()):
-                if not name.startswith("transformers.models.") or name in cls._own:
+                if not name.startswith("transformers.models."):
                     continue
-                own = getattr(module, _NAME, None)
-                if callable(own):
-                    cls._own[name] = own
-                    setattr(module, _NAME, cls._routed(own))
+                for attr, route in _ROUTES.items():
+                    own = getattr(module, attr, None)
+                    if callable(own) and (name, attr) not in cls._own:
+                        cls._own[(name, attr)] = own
+                        setattr(module, attr, cls._routed(own, route))
 
     @classmethod
     def leave(cls) -> None:
@@ -196,17 +285,17 @@ class ScanPatch:
         with cls._lock:
             cls._depth -= 1
             if cls._depth == 0:
-                for name, own in cls._own.items():
+                for (name, attr), own in cls._own.items():
                     module = sys.modules.get(name)
                     if module is not None:
-                        setattr(module, _NAME, own)
+                        setattr(module, attr, own)
                 cls._own = {}
 
     @classmethod
-    def _routed(cls, own):
+    def _routed(cls, own, route):
         def scan(*args, **kwargs):
-            if getattr(cls._local, "depth", 0) > 0:
-                return selective_scan(*args, **kwargs)
+            if getattr(cls._local, "depth", 0) > 0 and kwargs.get("state") is None:
+                return route(*args, **kwargs)
             return own(*args, **kwargs)
         scan.__wrapped__ = own
         return scan
