@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -168,3 +169,30 @@ def test_autoplan_trace_is_callable_after_importing_the_subpackage():
     graph = autoplan.trace(autoplan.resolve_model("gpt-tiny"), batch_size=1)
     assert type(graph).__name__ == "OpGraph"
     assert autoplan.trace.trace_module is not None
+
+
+@pytest.mark.parametrize("argv, steps, out, extra", [
+    (["run", "p.json", "--steps", "3", "--out", "d"], 3, "d", []),
+    (["run", "--steps", "3", "--out", "d", "p.json"], 3, "d", []),
+    (["run", "p.json", "--out=d", "--", "--lr", "0.1"], 20, "d", ["--lr", "0.1"]),
+    (["run", "p.json", "--", "--steps", "9"], 20, None, ["--steps", "9"]),
+])
+def test_run_options_after_the_plan_are_runs_own(monkeypatch, tmp_path, argv, steps, out,
+                                                 extra):
+    """``autoplan run plan.json --steps 3 --out d`` (the README's order): the run directory
+    the CLI reads and reports is the one the engine writes; what follows ``--`` is the
+    engine's."""
+    import engine.launch
+
+    seen = {}
+
+    def fake(plan, *, steps, out_dir, extra_args):
+        seen.update(plan=plan, steps=steps, out=str(out_dir), extra=list(extra_args))
+        return 0
+
+    monkeypatch.setattr(engine.launch, "run_local", fake)
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0
+    assert seen == {"plan": "p.json", "steps": steps,
+                    "out": out if out is not None else str(Path("runs") / "p"),
+                    "extra": extra}
