@@ -116,3 +116,22 @@ def test_wkv_computes_transformers_recurrence_and_rwkv_traces_one_op_per_layer()
     assert len(ops) == 2 and max(len(layer.nodes) for layer in graph.layers) < 200
     assert ops[0].fwd_flops == WKV_FLOPS * 256 * 64
     assert ops[0].bwd_flops == 3 * ops[0].fwd_flops
+
+
+def test_the_fused_ops_are_priced_as_one_kernel_from_their_bytes():
+    """The scan is already one kernel: none of the element-wise fusion factor a GPU
+    framework's unfused chains get (the same node under another op name costs phi of it)."""
+    from dataclasses import replace
+
+    from autoplan.cluster import load_cluster
+    from autoplan.cost.compute import FUSED_KERNEL_OPS, ComputeModel, op_base_name
+
+    graph = trace(resolve("hf:mamba", **SMALL), 1, 256)
+    scan = next(n for n in graph.nodes.values() if n.op.startswith("autoplan.selective_scan"))
+    assert op_base_name(scan.op) in FUSED_KERNEL_OPS
+    cm = ComputeModel(load_cluster("dgx-h100").device)
+    phi = cm.efficiency.fusion
+    assert phi < 1
+    other = replace(scan, op="aten.some_elementwise_chain.default")
+    for mine, chain in zip(cm.op_time(scan, shard=1.0), cm.op_time(other, shard=1.0)):
+        assert chain == pytest.approx(phi * mine)

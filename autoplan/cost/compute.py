@@ -167,7 +167,8 @@ LOSS_OPS = frozenset({
     "nll_loss2d_forward", "cross_entropy", "cross_entropy_loss",
 })
 _NAMESPACES = frozenset({"aten", "prims", "_c10d_functional", "c10d", "c10d_functional",
-                         "torch", "ops", "_c10d_functional_autograd"})
+                         "torch", "ops", "_c10d_functional_autograd",
+                         "autoplan"})          # the trace's fused kernels (trace/ssm.py)
 
 
 def op_base_name(op: str) -> str:
