@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autoplan.errors import AutoplanError
+from autoplan.run_command import cmd_run, split_engine_args
 
 EXIT_USER_ERROR = 2
 
@@ -52,11 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str]) -> int:
     parser = build_parser()
-    argv = list(argv)
-    tail = None
-    if argv[:1] == ["run"] and "--" in argv:     # the engine's own arguments (argparse
-        cut = argv.index("--")                   # would drop this "--": _run_options)
-        argv, tail = argv[:cut], argv[cut + 1:]
+    argv, tail = split_engine_args(argv)
     args = parser.parse_args(argv)
     if tail is not None:
         args.engine_args = [*args.engine_args, "--", *tail]
@@ -522,41 +519,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
                             title=f"layers (micro-batch {args.batch_size}, "
                                   f"seq {graph.batch.seq_len})"))
     return 0
-
-
-def _run_options(args: argparse.Namespace) -> list[str]:
-    """The engine's arguments of ``autoplan run``, after taking back ``run``'s own options
-    written after the plan (``autoplan run plan.json --steps 5 --out d``: argparse hands
-    everything after the positional plan to the engine's remainder; the engine's own
-    arguments follow ``--``)."""
-    rest = list(args.engine_args)
-    cut = rest.index("--") if "--" in rest else len(rest)
-    own = argparse.ArgumentParser(prog="autoplan run", add_help=False)
-    own.add_argument("--steps", type=int)
-    own.add_argument("--out")
-    known, unknown = own.parse_known_args(rest[:cut])
-    if known.steps is not None:
-        args.steps = known.steps
-    if known.out is not None:
-        args.out = known.out
-    return unknown + rest[cut + 1:]
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from autoplan import hostload
-    from engine.launch import run_local
-
-    extra = _run_options(args)
-    out = Path(args.out) if args.out else Path("runs") / Path(args.plan).stem
-    status, load = hostload.measured_run(out, lambda: run_local(
-        args.plan, steps=args.steps, out_dir=out, extra_args=extra))
-    if status == 0:
-        ranks = None
-        if (out / "summary.json").is_file():
-            ranks = json.loads((out / "summary.json").read_text()).get("world_size")
-        print(hostload.describe(load, ranks), flush=True)
-        print(f"run directory: {out} (metrics.jsonl, summary.json, {hostload.FILE})", flush=True)
-    return status
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

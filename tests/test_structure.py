@@ -21,7 +21,8 @@ ALLOWED_CYCLE_MEMBERS = {"autoplan.models.registry"}     # the plugin loop
 #: The front doors that start or wrap the runtime on the user's behalf (``autoplan run``, the
 #: demo, ``autoplan.parallelize`` in the user's own script): the only autoplan modules that
 #: may import engine.
-RUNTIME_FRONT_DOORS = {"autoplan.cli", "autoplan.demo", "autoplan.parallelize"}
+RUNTIME_FRONT_DOORS = {"autoplan.cli", "autoplan.run_command", "autoplan.demo",
+                       "autoplan.parallelize"}
 MAX_LINES = 600
 
 
