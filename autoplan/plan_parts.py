@@ -19,6 +19,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 RECOMPUTE_MODES = ("none", "selective", "op", "full")
 #: The modes that recompute part of each block (the rest recompute whole blocks or none).
 PARTIAL_RECOMPUTE = ("selective", "op")
+#: How a configuration's label names each mode.
+RECOMPUTE_LABELS = {"none": "", "selective": "sel-ckpt", "op": "op-ckpt", "full": "ckpt"}
 MESH_AXES = ("pp", "dp", "tp")
 
 
@@ -100,12 +102,8 @@ class ParallelConfig:
                  self.schedule]
         if self.tp_comm_overlap:
             parts.append("tpoverlap" if self.tp_comm_overlap is True else "tpoverlap-bwd")
-        if self.checkpoint == "full":
-            parts.append("ckpt")
-        elif self.checkpoint == "selective":
-            parts.append("sel-ckpt")
-        elif self.checkpoint == "op":
-            parts.append("op-ckpt")
+        if RECOMPUTE_LABELS[self.checkpoint]:
+            parts.append(RECOMPUTE_LABELS[self.checkpoint])
         return " ".join(parts)
 
 

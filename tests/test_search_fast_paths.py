@@ -65,8 +65,7 @@ def _loop_price(cm: CostModel, rows, mesh: LogicalMesh, scale: float) -> dict:
         out["act"].append(sum(nb * (scale if batchy else 1.0) / shard
                               for nb, batchy, shard, _ in rec.saved))
         out["orf"].append(orf)
-        out["okept"].append(sum(nb * (scale if batchy else 1.0) / shard
-                                for nb, batchy, shard in rec.op_saved))
+        out["okept"].append(sum(nb * scale / shard for nb, shard in rec.op_saved))
     return out
 
 

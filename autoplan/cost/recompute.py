@@ -59,7 +59,8 @@ from autoplan.cost.compute import op_base_name, op_kind
 from autoplan.plan_parts import RECOMPUTE_MODES   # the modes a plan names, least recomputed first
 
 __all__ = ["OP_MATMULS", "RECOMPUTE_MODES", "attention_core", "core_fwd_flops",
-           "korthikanti_layer_bytes", "op_kept_bytes", "op_recomputed_nodes", "op_saved_nodes"]
+           "korthikanti_layer_bytes", "op_kept_bytes", "op_node_sets", "op_recomputed_nodes",
+           "op_saved_nodes"]
 
 
 _SOFTMAX = ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax")
@@ -146,6 +147,12 @@ def op_recomputed_nodes(graph, saved: frozenset[str] | None = None) -> frozenset
     return frozenset(name for layer in graph.layers if not layer.name.startswith("<")
                      for name in layer.nodes
                      if name not in saved and op_kind(graph.nodes[name]) not in ("view", "comm"))
+
+
+def op_node_sets(graph) -> tuple[frozenset[str], frozenset[str]]:
+    """(:func:`op_saved_nodes`, :func:`op_recomputed_nodes`) of ``graph``, one pass each."""
+    saved = op_saved_nodes(graph)
+    return saved, op_recomputed_nodes(graph, saved)
 
 
 def op_kept_bytes(graph, index: int, saved: frozenset[str], grows) -> tuple[float, ...]:

@@ -44,8 +44,7 @@ from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_base_name
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes, eager_loss,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
-from autoplan.cost.recompute import (attention_core, core_fwd_flops, op_kept_bytes,
-                                     op_recomputed_nodes, op_saved_nodes)
+from autoplan.cost.recompute import attention_core, core_fwd_flops, op_kept_bytes, op_node_sets
 from autoplan.cost.tp_overlap import NO_OVERLAP, tp_gemm_nodes, tp_overlap
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
 from autoplan.cost.shared_cores import tp_collectives, tp_gathers
@@ -131,7 +130,7 @@ class Estimator:
     @functools.cached_property
     def _op_sets(self) -> tuple[frozenset[str], frozenset[str]]:
         """(saved, recomputed) nodes of op-level recomputation (:mod:`autoplan.cost.recompute`)."""
-        return (saved := op_saved_nodes(self.graph)), op_recomputed_nodes(self.graph, saved)
+        return op_node_sets(self.graph)
 
     @functools.lru_cache(maxsize=None)
     def _op_kept(self, i: int) -> tuple[float, ...]:      # once per layer, not per config

@@ -51,7 +51,7 @@ from autoplan.cluster import Cluster
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_kind
 from autoplan.cost.memory import DEFAULT_HEADROOM, PRECISION_BYTES, eager_loss, usable_bytes
-from autoplan.cost.recompute import attention_core, op_recomputed_nodes, op_saved_nodes
+from autoplan.cost.recompute import attention_core, op_node_sets
 from autoplan.cost.tp_overlap import tp_gemm_nodes
 from autoplan.graph import OpGraph
 from autoplan.placement import shard_dim
@@ -221,9 +221,8 @@ class CostModel:
     @functools.cached_property
     def op_sets(self) -> tuple[frozenset[str], frozenset[str]]:
         """(saved, recomputed) nodes of op-level recomputation
-        (:func:`autoplan.cost.recompute.op_saved_nodes`, ``op_recomputed_nodes``)."""
-        saved = op_saved_nodes(self.graph)
-        return saved, op_recomputed_nodes(self.graph, saved)
+        (:func:`autoplan.cost.recompute.op_node_sets`)."""
+        return op_node_sets(self.graph)
 
     # ---- one kind ------------------------------------------------------------------------
     def layer_nodes(self, kg: KindGraph, layer: int | None = None) -> list[str]:
@@ -392,22 +391,21 @@ class CostModel:
                           for a, x in enumerate(grad_spec(move[1], split)))
                 for c in conversions(g, required_grad(move[0]), sizes):
                     rec.moves.append(("bwd", c.collective, c.axis, meta.nbytes, sc, c.divisor))
-            if node.saved_bytes and pos not in exported:
+            kept_here = node.saved_bytes and pos not in exported
+            op_kept = node.name in self.op_sets[0]  # an output op-level recomputation keeps
+            if kept_here or op_kept:
                 o0 = s.outputs[0] if s.outputs else None
                 shard = math.prod(sizes[x] for x in range(AXES)
                                   if o0 is not None and o0[x].startswith("S"))
                 # its saved outputs grow with the batch if they do (not a loss's scalars)
                 grows = any(_scaled(p, m) for p, m in zip(info.output_shapes,
                                                           node.output_meta))
-                rec.saved.append((node.saved_bytes, grows, shard,
-                                  node.saved_is_attention_matrix))
-            if node.name in self.op_sets[0]:     # an output op-level recomputation keeps
-                o0 = s.outputs[0] if s.outputs else None
-                shard = math.prod(sizes[x] for x in range(AXES)
-                                  if o0 is not None and o0[x].startswith("S"))
-                if any(_scaled(p, m) for p, m in zip(info.output_shapes, node.output_meta)):
+                if kept_here:
+                    rec.saved.append((node.saved_bytes, grows, shard,
+                                      node.saved_is_attention_matrix))
+                if op_kept and grows:
                     rec.op_saved.append((float(sum(m.nbytes for m in node.output_meta)),
-                                         True, shard))
+                                         shard))
             for o, spec in enumerate(s.outputs):
                 rec.o_specs[(pos, o)] = spec
             for q, spec in enumerate(s.inputs):
@@ -464,9 +462,9 @@ class _Candidate:
     moves: list[tuple] = field(default_factory=list)    # (dir, coll, axis, bytes, scaled, div)
     saved: list[tuple[int, bool, int, bool]] = field(default_factory=list)
     # (bytes, batchy, shard, an attention matrix?)
-    op_saved: list[tuple[float, bool, int]] = field(default_factory=list)
+    op_saved: list[tuple[float, int]] = field(default_factory=list)
     # outputs op-level recomputation keeps, those growing with the batch (as
-    # :func:`autoplan.cost.recompute.op_kept_bytes` counts them): (bytes, batchy, shard)
+    # :func:`autoplan.cost.recompute.op_kept_bytes` counts them): (bytes, shard)
     pvec: list[float] = field(default_factory=lambda: [0.0] * len(BUCKETS))
     gbytes: float = 0.0
     tp_matmuls: int = 0

@@ -51,8 +51,8 @@ from autoplan.cost.step import ChunkCost, ParamBucket, StepModel, Workload
 from autoplan.plan import Prediction
 from autoplan.planner.search.compose import ModelStructure, transition_edges
 from autoplan.planner.search.costs import (BUCKETS, CORE_ACT, CORE_FWD, GEMM_BWD, GEMM_FWD,
-                                    OP_ACT, OP_FWD, CostModel, KindCosts, TensorEdge, conversions, grad_spec,
-                                    passes_partial, required_grad)
+                                    OP_ACT, OP_FWD, CostModel, KindCosts, TensorEdge,
+                                    conversions, grad_spec, passes_partial, required_grad)
 from autoplan.planner.search.mesh import LogicalMesh
 
 Buckets = dict[tuple[str, str, int], float]      # (direction, collective, axis) -> bytes
@@ -471,19 +471,18 @@ class Evaluator:
         gb = p.global_batch
         graph = self.graph
         model_flops = (graph.fwd_flops + graph.bwd_flops) * gb / self.b0
+
+        def partial(mode: str, nodes: frozenset[str]) -> float:
+            """Forward FLOPs of ``nodes`` in the blocks of the stages recomputing by ``mode``."""
+            return core_fwd_flops(graph, [l for st in p.stages if st.recompute == mode
+                                          for l in range(st.start, st.end)
+                                          if self.ms.is_block[l]], nodes)
+
         recompute_flops = (sum(graph.layers[l].stats.fwd_flops
                                for st in p.stages if st.checkpoint
                                for l in range(st.start, st.end) if self.ms.is_block[l])
-                           + core_fwd_flops(graph, [l for st in p.stages
-                                                    if st.selective and not st.checkpoint
-                                                    for l in range(st.start, st.end)
-                                                    if self.ms.is_block[l]],
-                                          self.cm._core_and_gemms[0])
-                           + core_fwd_flops(graph, [l for st in p.stages
-                                                    if st.op_level and not st.checkpoint
-                                                    for l in range(st.start, st.end)
-                                                    if self.ms.is_block[l]],
-                                          self.cm.op_sets[1])) * gb / self.b0
+                           + partial("selective", self.cm._core_and_gemms[0])
+                           + partial("op", self.cm.op_sets[1])) * gb / self.b0
         return Workload(num_micro_batches=p.num_micro_batches, schedule=p.schedule,
                         virtual_stages=p.virtual_stages, samples=gb,
                         tokens=gb * (graph.batch.seq_len or 1), model_flops=model_flops,

@@ -81,12 +81,11 @@ class PackedAnchor:
         self.sv_batchy = np.array([s[2] for s in sv], dtype=bool)
         self.sv_shard = np.array([s[3] for s in sv], dtype=float)
         self.sv_attn = np.array([s[4] for s in sv], dtype=bool)
-        ok = [(r, nb, batchy, shard) for r, rec in enumerate(self.records)
-              for nb, batchy, shard in rec.op_saved]
+        ok = [(r, nb, shard) for r, rec in enumerate(self.records)
+              for nb, shard in rec.op_saved]
         self.ok_row = np.array([o[0] for o in ok], dtype=np.int64)
-        self.ok_nb = np.array([o[1] for o in ok], dtype=float)
-        self.ok_batchy = np.array([o[2] for o in ok], dtype=bool)
-        self.ok_shard = np.array([o[3] for o in ok], dtype=float)
+        self.ok_nb = np.array([o[1] for o in ok], dtype=float)      # each grows with B
+        self.ok_shard = np.array([o[2] for o in ok], dtype=float)
         self.pvec = np.array([rec.pvec for rec in self.records], dtype=float).reshape(n, -1)
         self.gbytes = np.array([rec.gbytes for rec in self.records], dtype=float)
         self.tp_matmuls = np.array([rec.tp_matmuls for rec in self.records], dtype=int)
@@ -130,7 +129,7 @@ class PackedAnchor:
                        for c, ax, nb, sc, div in self.moves], dtype=float)[self.mv_cfg] \
             if self.moves else np.zeros(0)
         sv = self.sv_nb * np.where(self.sv_batchy, scale, 1.0) / self.sv_shard
-        ok = self.ok_nb * np.where(self.ok_batchy, scale, 1.0) / self.ok_shard
+        ok = self.ok_nb * scale / self.ok_shard
         return {"fwd": self._sum(self.op_row, ef), "bwd": self._sum(self.op_row, eb),
                 "cof": self._sum(self.op_row, np.where(core, ef, 0.0)),
                 "gf": self._sum(self.op_row, np.where(gemm, ef, 0.0)),

@@ -337,7 +337,7 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
     rec = is_block & (checkpoint is True)
     part = is_block & (checkpoint == "selective")
     op = is_block & (checkpoint == "op")
-    selective = bool(part.any()) or bool(op.any())
+    partial = bool(part.any()) or bool(op.any())
     # selective: the attention core again, its matrices not kept; op-level: the input and
     # kept outputs, the rest and its collectives again (a full layer at its recompute peak)
     b = b + np.select([part, op], [sf, of + oc], 0.0)
@@ -346,7 +346,7 @@ def layer_arrays(ev: Evaluator, mesh: LogicalMesh, micro_batch: int, kt: dict,
     if plain is not None:
         cols = plain.cum.copy()
         body = cols[1:]
-        touched = [ACT] + ([T, BWD, FB] if selective else [])
+        touched = [ACT] + ([T, BWD, FB] if partial else [])
     else:
         cols = np.empty((n_layers + 1, PSI + len(BUCKETS)))
         cols[0] = 0.0

@@ -25,6 +25,7 @@ import torch
 import autoplan
 from autoplan.placement import to_plan_text
 from autoplan.plan import MeshSpec, ParallelConfig, Plan, Stage
+from autoplan.plan_parts import PARTIAL_RECOMPUTE, RECOMPUTE_LABELS
 from autoplan.planner.search.costs import BUCKETS, param_spec, member_choice
 from autoplan.planner.search.evaluate import PipelineChoice, StageChoice
 from autoplan.planner.search.kinds import members
@@ -35,9 +36,8 @@ GB = 1e9
 
 def choice_label(p: PipelineChoice) -> str:
     """Short label, e.g. '2 stages [64x2 z2, 64x2 z2] mb128x12 interleaved_1f1b v4'."""
-    per = [f"{st.mesh.label()} z{st.zero}" + (" ckpt" if st.checkpoint else
-                                               " sel-ckpt" if st.selective else
-                                               " op-ckpt" if st.op_level else "")
+    per = [" ".join(filter(None, (st.mesh.label(), f"z{st.zero}",
+                                  RECOMPUTE_LABELS[st.recompute])))
            for st in p.stages[:p.pp]]
     if len(set(per)) == 1:
         stages = f"{p.pp} x [{per[0]}]"
@@ -58,7 +58,7 @@ def _recompute_mode(p: PipelineChoice) -> str:
     stages recompute the attention core or op by op (the search never mixes two modes),
     'full' when every stage recomputes its blocks, else 'none' (some stages'
     ``checkpoint_layers`` then say which are recomputed fully)."""
-    for mode in ("selective", "op"):
+    for mode in PARTIAL_RECOMPUTE:
         if any(st.recompute == mode for st in p.stages):
             return mode
     return "full" if all(st.checkpoint for st in p.stages) else "none"
