@@ -34,7 +34,9 @@ Two more kernels have no meta-device counterpart: Mamba's selective scan and RWK
 which transformers runs as Python loops over the sequence without their CUDA kernels; while
 tracing each becomes one fused op (:mod:`autoplan.trace.ssm`), thread by thread as above.
 
-The rewrite is a :class:`torch.overrides.TorchFunctionMode`, active only while tracing.
+The rewrite of dropout and SDPA is a :class:`torch.overrides.TorchFunctionMode`, active
+only while tracing; transformers' functions are answered for by name (:data:`ROUTES`, one
+mechanism for all three, :class:`_Patches`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from autoplan.trace.ssm import ScanPatch
+from autoplan.trace.ssm import scan_route, wkv_route
 
 _aten = torch.ops.aten
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
@@ -93,42 +95,62 @@ def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         query, key, value, bias, need_lse, dropout_p, is_causal, scale=scale)[0]
 
 
-_PATCH_LOCK = threading.Lock()
-_patch_depth = 0                            # traces running in this process
-_installed: Any = None                      # the transformers.masking_utils patched, if any
-_own: Callable[..., Any] | None = None      # transformers' function, once seen
-_tracing = threading.local()                # .depth: traces running in this thread
+def _not_packed(own, position_ids, *args, **kwargs):
+    """transformers' ``find_packed_sequence_indices`` while autoplan traces: None (no packed
+    sequences), what it returns on a GPU for positions 0..s-1 (module docstring)."""
+    return None
 
 
-def _plain_rows(position_ids: torch.Tensor):
-    """transformers' ``find_packed_sequence_indices`` while autoplan traces: in a tracing
-    thread, None (no packed sequences), what it returns on a GPU for positions 0..s-1
-    (module docstring); anywhere else transformers' own answer (also for a reference to
-    this function kept past the trace)."""
-    if getattr(_tracing, "depth", 0) > 0 or _own is None:
-        return None
-    return _own(position_ids)
+#: transformers' functions a trace answers for, by name, wherever a ``transformers.*``
+#: module defines them: ``route(transformers' own function, *args, **kwargs)``
+ROUTES: dict[str, Callable[..., Any]] = {
+    "find_packed_sequence_indices": _not_packed,
+    "mamba_selective_scan": scan_route,
+    "rwkv_linear_attention": wkv_route,
+}
 
 
-def _plain_rows_patch(step: int) -> None:
-    """Enter (+1) or leave (-1) a trace. The first trace in the process puts
-    :func:`_plain_rows` in transformers' place and the last one out restores transformers'
-    own function, whatever the nesting; meanwhile other threads (a user's own training in
-    the same process) still get transformers' real check. Nothing happens unless the
-    model's code has imported ``transformers.masking_utils``: tracing never imports it."""
-    global _patch_depth, _installed, _own
-    _tracing.depth = getattr(_tracing, "depth", 0) + step
-    with _PATCH_LOCK:
-        _patch_depth += step
-        if step > 0 and _installed is None:
-            masking = sys.modules.get("transformers.masking_utils")
-            own = getattr(masking, "find_packed_sequence_indices", None)
-            if own is not None and own is not _plain_rows:
-                _own, _installed = own, masking
-                masking.find_packed_sequence_indices = _plain_rows
-        elif step < 0 and _patch_depth == 0 and _installed is not None:
-            _installed.find_packed_sequence_indices = _own
-            _installed = None
+class _Patches:
+    """Enter (+1) or leave (-1) a trace: the first trace in the process puts a router in
+    place of every function of :data:`ROUTES` in the imported ``transformers.*`` modules,
+    and the last one out restores transformers' own, whatever the nesting and also after
+    a failed trace. The router answers with the route in a thread that is tracing and with
+    transformers' own function anywhere else (a user's own training in the same process,
+    a reference kept past the trace). Tracing never imports transformers' modules."""
+
+    lock = threading.Lock()
+    depth = 0                                   # traces running in this process
+    own: dict[tuple[str, str], Callable[..., Any]] = {}   # (module, name) -> transformers'
+    local = threading.local()                   # .depth: traces running in this thread
+
+    @classmethod
+    def step(cls, step: int) -> None:
+        cls.local.depth = getattr(cls.local, "depth", 0) + step
+        with cls.lock:
+            cls.depth += step
+            if step > 0:
+                for name, module in list(sys.modules.items()):
+                    if not name.startswith("transformers."):
+                        continue
+                    for attr, route in ROUTES.items():
+                        own = getattr(module, attr, None)
+                        if callable(own) and (name, attr) not in cls.own:
+                            cls.own[(name, attr)] = own
+                            setattr(module, attr, cls._router(own, route))
+            elif cls.depth == 0:
+                for (name, attr), own in cls.own.items():
+                    if (module := sys.modules.get(name)) is not None:
+                        setattr(module, attr, own)
+                cls.own = {}
+
+    @classmethod
+    def _router(cls, own: Callable[..., Any], route: Callable[..., Any]):
+        def router(*args, **kwargs):
+            if getattr(cls.local, "depth", 0) > 0:
+                return route(own, *args, **kwargs)
+            return own(*args, **kwargs)
+        router.__wrapped__ = own
+        return router
 
 
 class CudaSemantics(TorchFunctionMode):
@@ -143,21 +165,18 @@ class CudaSemantics(TorchFunctionMode):
         }
 
     def __enter__(self):
-        _plain_rows_patch(+1)
-        ScanPatch.enter()
+        _Patches.step(+1)
         try:
             return super().__enter__()
         except BaseException:
-            ScanPatch.leave()
-            _plain_rows_patch(-1)
+            _Patches.step(-1)
             raise
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            ScanPatch.leave()
-            _plain_rows_patch(-1)
+            _Patches.step(-1)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

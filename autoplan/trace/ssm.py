@@ -39,14 +39,11 @@ reference), so a traced model that is run stays correct; the engine does not use
 
 from __future__ import annotations
 
-import sys
-import threading
-
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import register_flop_formula
 
-__all__ = ["selective_scan", "wkv", "ScanPatch"]
+__all__ = ["scan_route", "selective_scan", "wkv", "wkv_route"]
 
 
 def _reference(u, delta, A, B, C, D, z, delta_bias, delta_softplus: bool):
@@ -245,57 +242,20 @@ def _wkv_backward_flops(grad, time_decay, time_first, key, value, *args, out_val
 
 
 def wkv(time_decay, time_first, key, value, state=None, return_state=False):
-    """transformers' ``rwkv_linear_attention`` as one fused op (module docstring); with a
-    state (generation) transformers' own function runs."""
+    """transformers' ``rwkv_linear_attention`` as one fused op (module docstring), for a
+    call without a recurrent state (:func:`wkv_route` leaves those to transformers)."""
     return torch.ops.autoplan.wkv(time_decay, time_first, key, value), None
 
 
-#: the functions of transformers' model modules a trace replaces, and by what
-_ROUTES = {"mamba_selective_scan": selective_scan, "rwkv_linear_attention": wkv}
+def scan_route(own, *args, **kwargs):
+    """The trace's answer for transformers' ``mamba_selective_scan`` (``own``):
+    :func:`selective_scan` (:mod:`autoplan.trace.cuda_semantics` routes it)."""
+    return selective_scan(*args, **kwargs)
 
 
-class ScanPatch:
-    """While a trace runs: every imported ``transformers.models.*`` module's
-    ``mamba_selective_scan`` and ``rwkv_linear_attention`` answer with :func:`selective_scan`
-    and :func:`wkv` in the tracing thread (other threads keep transformers' own; so does a
-    call carrying a recurrent state: generation); the last trace out restores them."""
-
-    _lock = threading.Lock()
-    _depth = 0
-    _own: dict[tuple[str, str], object] = {}
-    _local = threading.local()
-
-    @classmethod
-    def enter(cls) -> None:
-        cls._local.depth = getattr(cls._local, "depth", 0) + 1
-        with cls._lock:
-            cls._depth += 1
-            for name, module in list(sys.modules.items()):
-                if not name.startswith("transformers.models."):
-                    continue
-                for attr, route in _ROUTES.items():
-                    own = getattr(module, attr, None)
-                    if callable(own) and (name, attr) not in cls._own:
-                        cls._own[(name, attr)] = own
-                        setattr(module, attr, cls._routed(own, route))
-
-    @classmethod
-    def leave(cls) -> None:
-        cls._local.depth = getattr(cls._local, "depth", 1) - 1
-        with cls._lock:
-            cls._depth -= 1
-            if cls._depth == 0:
-                for (name, attr), own in cls._own.items():
-                    module = sys.modules.get(name)
-                    if module is not None:
-                        setattr(module, attr, own)
-                cls._own = {}
-
-    @classmethod
-    def _routed(cls, own, route):
-        def scan(*args, **kwargs):
-            if getattr(cls._local, "depth", 0) > 0 and kwargs.get("state") is None:
-                return route(*args, **kwargs)
-            return own(*args, **kwargs)
-        scan.__wrapped__ = own
-        return scan
+def wkv_route(own, *args, **kwargs):
+    """The trace's answer for transformers' ``rwkv_linear_attention`` (``own``): :func:`wkv`,
+    or transformers' own function for a call carrying a recurrent state (generation)."""
+    if kwargs.get("state") is not None:
+        return own(*args, **kwargs)
+    return wkv(*args, **kwargs)
