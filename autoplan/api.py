@@ -105,6 +105,10 @@ def check_precision(name: str | None, cluster: Cluster) -> str:
     if prec.loss_scaling and on_cpu:
         raise ConfigError(f"{name!r} (fp16 with loss scaling) is for GPUs; the CPU engine "
                           f"(gloo) trains in fp32 or bf16 only", field="precision")
+    if prec.matmul is not None and prec.matmul not in device.peak_tflops and not on_cpu:
+        raise ConfigError(f"{name!r} runs its linear layers' GEMMs in {prec.matmul}, which "
+                          f"device {device.name!r} has no tensor cores for (float8 needs "
+                          f"Hopper or later; use 'mixed')", field="precision")
     if prec.compute not in device.peak_tflops:
         hint = " (use 'mixed-fp16': fp16 with loss scaling)" if prec.compute == "bfloat16" \
             and "float16" in device.peak_tflops else ""

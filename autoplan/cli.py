@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autoplan.errors import AutoplanError
+from autoplan.precision import PRECISIONS
 from autoplan.run_command import cmd_run, split_engine_args
 
 EXIT_USER_ERROR = 2
@@ -133,9 +134,10 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--nodes", type=_count(1), help="override the cluster's node count")
     p.add_argument("--global-batch", type=_count(1, MAX_GLOBAL_BATCH), required=required,
                    help="global batch (samples)")
-    p.add_argument("--precision", choices=("mixed", "mixed-fp16", "fp32"),
+    p.add_argument("--precision", choices=tuple(PRECISIONS),
                    help="mixed: bf16 compute, fp32 master weights (default on GPUs with "
-                        "bf16); mixed-fp16: fp16 compute with loss scaling (default on "
+                        "bf16); mixed-fp8: mixed with the blocks' linear layers in float8 "
+                        "(Hopper); mixed-fp16: fp16 compute with loss scaling (default on "
                         "V100); fp32")
     p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
                    help="fraction of device memory a plan leaves free beyond the modelled "

@@ -76,11 +76,12 @@ from autoplan.plan_migrate import PLAN_VERSION, READABLE_VERSIONS, migrate
 from autoplan.plan_parts import (MESH_AXES, SCHEDULES, MemoryBreakdown,  # noqa: F401
                                  MeshSpec, ParallelConfig, Prediction, Stage, StageTime,
                                  TimeBreakdown, stage_from_dict, stage_ranks)
+from autoplan.precision import from_plan
 from autoplan.trust import check_plan_names
 
 PLAN_FORMAT = "autoplan.plan"
 LAYOUTS = ("uniform", "stages")
-PRECISION_KEYS = ("params", "compute", "reduce")
+PRECISION_KEYS = ("params", "compute", "reduce", "matmul")
 
 
 @dataclass(kw_only=True)
@@ -319,6 +320,14 @@ class Plan:
             if not pf.is_name(value):
                 raise PlanError(f"field 'precision.{key}': must be a dtype name, got "
                                 f"{pf.show.repr(value)}")
+        if precision.get("matmul", precision.get("compute")) != precision.get("compute"):
+            try:
+                from_plan(precision)
+            except ValueError:
+                raise PlanError(f"field 'precision.matmul': {precision['matmul']!r} GEMMs "
+                                f"with {precision.get('compute', 'float32')!r} compute is "
+                                f"no training precision (mixed-fp8: float8 with "
+                                f"bfloat16)") from None
         created_by = pf.optional_object(d, "created_by")
         for key, value in created_by.items():
             if not isinstance(value, str):

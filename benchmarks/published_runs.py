@@ -51,7 +51,7 @@ BEFORE = HERE / "results" / "published_runs_before.json"
 
 RUN_KEYS = {"id", "source", "cluster", "gpus", "model", "global_batch", "parallel", "metric",
             "accounting", "assumed", "approximations", "seq_len", "modelled", "eager",
-            "fused_loss", "memory"}
+            "fused_loss", "memory", "precision"}
 #: bytes per unit of a published memory figure
 MEMORY_UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 PARALLEL_KEYS = {"tp", "pp", "zero", "checkpoint", "schedule", "micro_batch",

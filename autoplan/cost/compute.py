@@ -110,8 +110,9 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from autoplan.cluster import DeviceSpec, canonical_dtype
+from autoplan.cost.float8 import cast_seconds, is_float8_gemm
 from autoplan.cost.kernel_shape import (FA2_REFERENCE_PEAK_TFLOPS, SMS, attention_tflops,
-                                        gemm_backward_factor, gemm_factor)
+                                        GEMM_K0, gemm_backward_factor, gemm_factor)
 from autoplan.graph import DTYPE_BYTES, Layer, OpGraph, OpNode
 
 #: Bytes the optimizer step moves per parameter (mixed-precision Adam: read fp32 master,
@@ -323,15 +324,24 @@ class ComputeModel:
 
     ``dtype`` is the compute dtype (mixed precision: 'bfloat16'); the graph may have been
     traced in another dtype, and each op's bytes are rescaled to ``dtype``'s width.
+    ``matmul_dtype`` 'float8' runs the blocks' linear layers on float8 tensor cores, with
+    their casts (``mixed-fp8``, :mod:`autoplan.cost.float8`); None: every GEMM in ``dtype``.
     """
 
     def __init__(self, device: DeviceSpec, dtype: str = "bfloat16",
                  efficiency: Efficiency | None = None, *,
                  measured: MeasuredFn | None = None,
-                 measured_at: MeasuredAtFn | None = None):
+                 measured_at: MeasuredAtFn | None = None,
+                 matmul_dtype: str | None = None):
         self.device = device
         self.dtype = canonical_dtype(dtype)
         self.peak = device.peak_flops(self.dtype)          # raises if the device lacks it
+        self.matmul_dtype = canonical_dtype(matmul_dtype) if matmul_dtype else None
+        if self.matmul_dtype not in (None, "float8"):
+            raise ValueError(f"matmul_dtype must be None or 'float8', got {matmul_dtype!r}")
+        # float8 GEMMs: the float8 peak, or the compute dtype's where the device has none
+        self.float8_peak = device.peak_flops("float8") if self.matmul_dtype \
+            and "float8" in device.peak_tflops else self.peak
         self.vector_peak = device.peak_flops("float32") if "float32" in device.peak_tflops \
             else self.peak
         self.efficiency = efficiency or default_efficiency(device)
@@ -376,7 +386,7 @@ class ComputeModel:
             self._op_time(node, 1, 1.0 / shard, traced_dtype)
 
     def _op_time(self, node: OpNode, tp: float, batch_scale: float,
-                 traced_dtype: str | None = None) -> tuple[float, float]:
+                 traced_dtype: str | None = None, float8: bool = False) -> tuple[float, float]:
         kind = op_kind(node)
         if kind in ("view", "comm"):
             return 0.0, 0.0
@@ -385,6 +395,8 @@ class ComputeModel:
             hit = self.measured(node, shard)
             if hit is not None:
                 return float(hit[0]), float(hit[1])
+        if float8 and kind == "matmul":
+            return self._float8_time(node, tp, batch_scale, traced_dtype)
         eff = self.efficiency
         bw = self.device.memory_bandwidth * eff.memory
         t_k = eff.kernel_overhead_s
@@ -416,6 +428,35 @@ class ComputeModel:
         bwd = phi * (max(f_bwd / self.vector_peak, BWD_MEMORY_RATIO * nbytes / bw) + t_k)
         return fwd, bwd
 
+    def _float8_time(self, node: OpNode, tp: float, batch_scale: float,
+                     traced_dtype: str | None) -> tuple[float, float]:
+        """A linear layer's GEMM on float8 tensor cores plus its casts
+        (:mod:`autoplan.cost.float8`): the roofline above at the float8 peak, the tile's
+        K-depth twice as many elements, and the casts at the element-wise rate."""
+        eff = self.efficiency
+        bw = self.device.memory_bandwidth * eff.memory
+        shard = tp / batch_scale
+        nbytes = (node.bytes_read + node.bytes_written) \
+            * self._byte_scale(node, traced_dtype, False) / shard
+        f_fwd, f_bwd = node.fwd_flops / shard, node.bwd_flops / shard
+        dims = gemm_dims(node, tp, batch_scale)
+        rate = self.float8_peak * eff.matmul
+        k0 = 2 * GEMM_K0
+        r_fwd = rate * (gemm_factor(*dims, eff.sms, k0) if dims else 1.0)
+        r_bwd = rate * (gemm_backward_factor(*dims, eff.sms, k0) if dims else 1.0)
+        t_k = eff.kernel_overhead_s
+        fwd = max(f_fwd / r_fwd, nbytes / bw) + t_k if r_fwd > 0 else nbytes / bw + t_k
+        bwd = 0.0
+        if f_bwd > 0:
+            b_bwd = nbytes * (f_bwd / f_fwd if f_fwd > 0 else 2.0)
+            bwd = max(f_bwd / r_bwd, b_bwd / bw) + 2 * t_k
+        if dims is not None:
+            c_fwd, c_bwd = cast_seconds(dims, width=self._dtype_bytes, bandwidth=bw,
+                                        kernel_s=t_k, phi=eff.fusion)
+            fwd += c_fwd
+            bwd += c_bwd if f_bwd > 0 else 0.0
+        return fwd, bwd
+
     def _attention_rate(self, node: OpNode) -> tuple[float, float]:
         """(FLOP/s, fraction of the traced FLOPs it applies to) of a fused attention op:
         FlashAttention-2's published rate for its sequence and head dimension where the
@@ -438,11 +479,13 @@ class ComputeModel:
         """(forward, backward) seconds of ``node`` on one rank of a TP group of ``tp`` that
         splits it, at ``batch_scale`` x the traced micro-batch: ``measured_at`` if it has the
         op, else the model with the GEMM's shape sharded as ``node.tp_role`` says."""
-        if self.measured_at is not None and op_kind(node) not in ("view", "comm"):
+        float8 = self.matmul_dtype == "float8" and is_float8_gemm(node, graph)
+        if self.measured_at is not None and op_kind(node) not in ("view", "comm") \
+                and not float8:
             hit = self.measured_at(node, graph, tp, batch_scale)
             if hit is not None:
                 return float(hit[0]), float(hit[1])
-        return self._op_time(node, tp, batch_scale, getattr(graph, "dtype", None))
+        return self._op_time(node, tp, batch_scale, getattr(graph, "dtype", None), float8)
 
     # ---- one layer -----------------------------------------------------------------------
     def layer_time(self, layer: Layer, graph: OpGraph, *, tp: int = 1,

@@ -307,11 +307,13 @@ def resolve_cost_models(cluster: Cluster, precision: str = "mixed",
     provenance = None
     if compute is None and comm is None:
         compute, comm, provenance = cost_models_for(cluster, precision)
-    compute_dtype = precision_named(precision, "precision").compute
-    compute = compute or ComputeModel(cluster.device, dtype=compute_dtype)
+    prec = precision_named(precision, "precision")
+    compute = compute or ComputeModel(cluster.device, dtype=prec.compute,
+                                      matmul_dtype=prec.matmul)
     if not fused and compute.measured is None and compute.measured_at is None:
         compute = ComputeModel(compute.device, dtype=compute.dtype,
-                               efficiency=replace(compute.efficiency, fusion=1.0))
+                               efficiency=replace(compute.efficiency, fusion=1.0),
+                               matmul_dtype=compute.matmul_dtype)
     return compute, comm or CommModel(cluster), provenance
 
 
@@ -325,7 +327,8 @@ def cost_models_for(cluster: Cluster, precision: str = "mixed",
     plain roofline / cluster-file models; ``calibrate=False`` leaves the calibration out
     (identity); ``cores`` overrides the index's core count (e.g. the cores a shared machine
     left to a run, :mod:`autoplan.hostload`)."""
-    dtype = precision_named(precision, "precision").compute
+    prec = precision_named(precision, "precision")
+    dtype = prec.compute
     root = profiles_root(profiles_dir)
     prov = CostProvenance(cluster=cluster.name)
     measured_at = measured = None
@@ -360,7 +363,8 @@ def cost_models_for(cluster: Cluster, precision: str = "mixed",
                 prov.link_profile = f"{cluster.name}.json"
     prov.calibration = (load_calibration(cluster.name, root) if calibrate
                         else Calibration(cluster=cluster.name))
-    compute = ComputeModel(cluster.device, dtype=dtype, measured_at=measured_at)
+    compute = ComputeModel(cluster.device, dtype=dtype, measured_at=measured_at,
+                           matmul_dtype=prec.matmul)
     comm = CommModel(cluster, measured=measured)
     log.info("cost model for %s", prov.summary())
     return compute, comm, prov
