@@ -116,9 +116,25 @@ def generic_gap(plan: "Plan") -> str | None:
     if plan.global_batch % (p.dp * p.num_micro_batches):
         return (f"field 'global_batch': {plan.global_batch} does not split into dp={p.dp} x "
                 f"{p.num_micro_batches} micro-batches")
+    return precision_gap(plan.precision)
+
+
+def precision_gap(precision: dict) -> str | None:
+    """Why the engine cannot run a plan's ``precision`` dict (None: it can): the master,
+    compute and reduce dtypes among :data:`ENGINE_DTYPES`, and ``matmul`` float8 (torchao's
+    float8 linear layers, :mod:`engine.float8`) or absent. One check for the capability
+    query and the engine's validation."""
+    for key in precision:
+        if key not in ("params", "compute", "reduce", "matmul"):
+            return f"field 'precision.{key}': unknown key"
     for key in ("params", "compute", "reduce"):
-        if plan.precision.get(key, "float32") not in ENGINE_DTYPES:
-            return f"field 'precision.{key}': the engine runs {' and '.join(ENGINE_DTYPES)}"
+        value = precision.get(key, "float32")
+        if value not in ENGINE_DTYPES:
+            return (f"field 'precision.{key}': the engine runs "
+                    f"{' and '.join(ENGINE_DTYPES)}, got {value!r}")
+    matmul = precision.get("matmul")
+    if matmul is not None and matmul != "float8":
+        return f"field 'precision.matmul': the engine runs float8 GEMMs or none, got {matmul!r}"
     return None
 
 

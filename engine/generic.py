@@ -275,6 +275,8 @@ class GenericModel:
         self.autocast = precision.compute if precision.compute != precision.params else None
         blocks = [prefix + n for st in plan.stages for n in st.layer_names
                   if n not in (PRE, POST)]
+        if precision.float8:
+            convert_float8(model, blocks)
         self.schedule = None
         self.sharded = 0                   # parameters sharded on the tp mesh
         if p.pp > 1:

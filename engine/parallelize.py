@@ -44,6 +44,7 @@ from autoplan.plan import Plan
 from engine import model as model_lib
 from engine.data_parallel import apply_dp, mp_policy_for
 from engine.expert_parallel import apply_cp, apply_ep, expert_params
+from engine.float8 import check_float8_device, convert_float8
 from engine.mesh import ParallelMesh
 from engine.recompute import mode_of, wrap
 from engine.tensor_parallel import apply_tp
@@ -56,6 +57,7 @@ class Precision:
     params: torch.dtype
     compute: torch.dtype
     reduce: torch.dtype
+    float8: bool = False             # the blocks' linear layers in float8 (engine.float8)
 
     @property
     def autocast(self) -> bool:
@@ -65,12 +67,16 @@ class Precision:
 def resolve_precision(plan: Plan, device: torch.device) -> tuple[Precision, str | None]:
     """The plan's precision, or fp32 compute where the device lacks bf16 (with a note)."""
     get = lambda k: _DTYPES[plan.precision.get(k, "float32")]  # noqa: E731
-    prec = Precision(params=get("params"), compute=get("compute"), reduce=get("reduce"))
+    prec = Precision(params=get("params"), compute=get("compute"), reduce=get("reduce"),
+                     float8=plan.precision.get("matmul") == "float8")
     note = None
     if prec.compute == torch.bfloat16 and device.type == "cuda" \
             and not torch.cuda.is_bf16_supported():
-        prec = Precision(params=prec.params, compute=torch.float32, reduce=torch.float32)
+        prec = Precision(params=prec.params, compute=torch.float32, reduce=torch.float32,
+                         float8=prec.float8)
         note = "this GPU has no bfloat16: computing in float32"
+    if prec.float8:
+        check_float8_device(device)
     return prec, note
 
 
@@ -94,6 +100,10 @@ def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: Paralle
     chunk = model_lib.build_chunk(spec, stage.layer_names)                          # 1
     if precision.params != torch.float32:
         chunk.to(dtype=precision.params)
+    if precision.float8:                       # the chunk holds its blocks as blocks.<i>
+        prefix = getattr(chunk, "block_prefix", "blocks") + "."
+        convert_float8(chunk, ["blocks." + n[len(prefix):] for n in stage.layer_names
+                               if n.startswith(prefix)])
     if p.ep > 1:                                                                    # 1b
         apply_ep(chunk, pm)
     if p.cp > 1:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplan.errors import ConfigError, PlanError
-from autoplan.capability import ENGINE_DTYPES
+from autoplan.capability import ENGINE_DTYPES, precision_gap
 
 #: Largest step counts taken (the loop is O(steps); 2**31 steps is far past any run).
 MAX_STEPS = 2 ** 31
@@ -104,12 +104,9 @@ def check_plan_common(plan: Any, spec: Any, source: str) -> None:
     """What every runtime needs of ``plan`` (module docstring); PlanError naming the field."""
     from engine import model as model_lib
 
-    for key, value in plan.precision.items():
-        if key not in ("params", "compute", "reduce"):
-            raise PlanError(f"plan {source}: field 'precision.{key}': unknown key")
-        if value not in SUPPORTED_DTYPES:
-            raise PlanError(f"plan {source}: field 'precision.{key}': the engine supports "
-                            f"{list(SUPPORTED_DTYPES)}, got {value!r}")
+    gap = precision_gap(plan.precision)
+    if gap:
+        raise PlanError(f"plan {source}: {gap}")
     from autoplan.capability import runtime_for
 
     if runtime_for(spec, plan) != "generic":    # the adapted runtimes know the model's sizes

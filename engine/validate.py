@@ -16,7 +16,7 @@ from torch.distributed.tensor import Shard
 
 from autoplan.errors import ConfigError, PlanError
 from autoplan.schedule import runs_micro_batches
-from autoplan.capability import ENGINE_DTYPES
+from autoplan.capability import ENGINE_DTYPES, precision_gap
 from autoplan.models.capabilities import capabilities
 from autoplan.models.registry import ModelSpec
 from autoplan.placement import REPLICATED
@@ -172,14 +172,9 @@ def check_engine_support(plan: Plan, spec: ModelSpec, source: str) -> None:
         raise PlanError(f"plan {source}: field 'parallel.num_micro_batches': 1F1B needs at "
                         f"least pp={p.pp} micro-batches, got {p.num_micro_batches} (with "
                         f"fewer, 1F1B is GPipe: use schedule 'gpipe')")
-    for key in ("params", "compute", "reduce"):
-        value = plan.precision.get(key, "float32")
-        if value not in SUPPORTED_DTYPES:
-            raise PlanError(f"plan {source}: field 'precision.{key}': the engine supports "
-                            f"{list(SUPPORTED_DTYPES)}, got {value!r}")
-    unknown = set(plan.precision) - {"params", "compute", "reduce"}
-    if unknown:
-        raise PlanError(f"plan {source}: field 'precision.{sorted(unknown)[0]}': unknown key")
+    gap = precision_gap(plan.precision)
+    if gap:
+        raise PlanError(f"plan {source}: {gap}")
     for fqn, axes in plan.param_placements.items():
         dp_place = parse_placement(axes.get("dp", REPLICATED), f"{fqn}.dp")
         if isinstance(dp_place, Shard):

@@ -116,3 +116,21 @@ def test_a_plan_with_an_unknown_matmul_dtype_is_refused(problems, tmp_path):
     path.write_text(json.dumps(d))
     with pytest.raises(PlanError, match="precision.matmul"):
         Plan.load(path)
+
+
+def test_exports_carry_float8_or_refuse_it(problems):
+    from autoplan.export import NotExpressibleError, export_plan
+
+    def plans(**kw):
+        return [estimate(None, None, problem=problems[name], global_batch=16, tp=2, **kw)
+                for name in ("mixed-fp8", "mixed")]
+
+    fp8, plain = plans(zero=3)                         # torchtitan: FSDP2
+    titan = export_plan(fp8, "torchtitan").text
+    assert 'converters = ["float8"]' in titan and 'filter_fqns = ["output"]' in titan
+    assert "float8" not in export_plan(plain, "torchtitan").text
+    fp8, plain = plans(zero=1)                         # Megatron-LM: distributed optimizer
+    assert "--fp8-format hybrid" in export_plan(fp8, "megatron").text
+    assert "fp8" not in export_plan(plain, "megatron").text
+    with pytest.raises(NotExpressibleError, match="float8"):
+        export_plan(fp8, "deepspeed")

@@ -160,6 +160,11 @@ def compute_dtype(plan: Plan) -> str:
     return (plan.precision or {}).get("compute", "float32")
 
 
+def float8_linears(plan: Plan) -> bool:
+    """Whether the plan runs its blocks' linear layers in float8 (``mixed-fp8``)."""
+    return (plan.precision or {}).get("matmul") == "float8"
+
+
 def device_note(plan: Plan) -> list[str]:
     if plan.mesh.device_type != "cuda":
         return [f"the plan is for {plan.mesh.device_type} devices; the exported configuration "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 
 from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, device_note,
-                                    uniform_layout)
+                                    float8_linears, uniform_layout)
 from autoplan.plan import Plan
 
 TARGET = "DeepSpeed"
@@ -51,6 +51,10 @@ def deepspeed_config(plan: Plan) -> tuple[dict, list[str]]:
                        "activation_checkpointing recomputes whatever function the model "
                        "wraps, not an attention-core granularity; export --to megatron "
                        "(--recompute-granularity selective)")
+    if float8_linears(plan):
+        reasons.append("float8 linear layers (mixed-fp8): DeepSpeed's config has no float8 "
+                       "training (Transformer Engine layers go in the model code); export "
+                       "--to torchtitan or megatron")
     if layout.op:
         reasons.append("op-level recomputation (every other matmul saved): DeepSpeed's "
                        "activation_checkpointing has no per-op policy; export --to torchtitan "

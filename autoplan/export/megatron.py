@@ -17,7 +17,8 @@ Mapping (Megatron-LM ``megatron/training/arguments.py``):
   as the plan prices it).
 * TP-communication overlap -> ``--tp-comm-overlap`` (Transformer Engine userbuffers; needs
   ``--sequence-parallel``, which the plan then has).
-* ZeRO-1 -> ``--use-distributed-optimizer``; bf16 compute -> ``--bf16``.
+* ZeRO-1 -> ``--use-distributed-optimizer``; bf16 compute -> ``--bf16``; ``mixed-fp8`` ->
+  ``--fp8-format hybrid`` (Transformer Engine's float8 linear layers).
 * the built-in GPT / Llama model -> ``--num-layers --hidden-size --num-attention-heads
   --ffn-hidden-size --seq-length --max-position-embeddings`` (+ ``--group-query-attention
   --num-query-groups --swiglu --normalization RMSNorm --position-embedding-type rope
@@ -33,7 +34,7 @@ from __future__ import annotations
 import shlex
 
 from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, device_note,
-                                    gpt_config, uniform_layout)
+                                    float8_linears, gpt_config, uniform_layout)
 from autoplan.models.names import describe
 from autoplan.plan import Plan
 
@@ -109,6 +110,12 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
     dtype = compute_dtype(plan)
     if dtype == "bfloat16":
         args.append(("--bf16",))
+    if float8_linears(plan):
+        args.append(("--fp8-format", "hybrid"))
+        notes.append("--fp8-format hybrid (e4m3 forward, e5m2 gradients) runs Transformer "
+                     "Engine's linear layers in float8 with delayed scaling (an amax history); "
+                     "the plan priced dynamic per-tensor scaling (torchao), one amax pass more "
+                     "per cast")
     elif dtype == "float16":
         args.append(("--fp16",))
     if plan.seq_len:

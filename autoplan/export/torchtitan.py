@@ -22,6 +22,8 @@ Mapping (torchtitan applies FSDP2 for sharded data parallelism and DDP for repli
   mid-2025 took ``pipeline_parallel_split_points`` instead (written as a comment).
 * torchtitan's tensor parallelism always shards the sequence (sequence parallelism); a plan
   without it gets a note (torchtitan will use less activation memory than predicted).
+* ``mixed-fp8`` -> ``[model] converters = ["float8"]`` and a ``[float8]`` section
+  (tensorwise recipe, ``output`` filtered out, bf16 FSDP all-gathers as priced).
 * TP-communication overlap -> ``enable_async_tensor_parallel = true`` (torchtitan needs
   ``compile`` on the model for it, noted).
 * op-level recomputation (``parallel.checkpoint = "op"``, torchtitan's own policy) ->
@@ -36,7 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, device_note,
-                                    gpt_config, uniform_layout)
+                                    float8_linears, gpt_config, uniform_layout)
 from autoplan.models.names import describe, preset_of
 from autoplan.plan import Plan
 
@@ -105,6 +107,8 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
                   "# set name / flavor to a model registered with torchtitan"]
         notes.append(f"no torchtitan model flavor matches {describe(plan.model)}: set "
                      "[model] name and flavor")
+    if float8_linears(plan):
+        lines.append('converters = ["float8"]    # torchao Float8Linear in the blocks')
     local = p.micro_batch * p.num_micro_batches if p.pp > 1 else p.micro_batch
     lines += ["", "[training]",
               f"local_batch_size = {local}"
@@ -149,6 +153,12 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
         notes.append("torchtitan's tensor parallelism does not overlap the input gradients' "
                      "collectives with the weight-gradient GEMMs: the plan's prediction, "
                      "which assumes it (Megatron-LM's default), is optimistic here")
+    if float8_linears(plan):
+        lines += ["", "[float8]", 'recipe_name = "tensorwise"',
+                  'filter_fqns = ["output"]    # the output projection stays bf16',
+                  "enable_fsdp_float8_all_gather = false    # the plan priced bf16 gathers"]
+        notes.append("float8 linear layers want [compile] enable = true: torch.compile "
+                     "fuses the casts, which the plan priced fused")
     mode = "full" if layout.checkpoint else "selective" if layout.selective or layout.op \
         else "none"
     lines += ["", "[activation_checkpoint]", f"mode = {toml_value(mode)}"]

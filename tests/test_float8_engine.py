@@ -1,0 +1,55 @@
+"""The engine runs mixed-fp8 plans (engine.float8: torchao's float8 linear layers): the
+blocks' linear layers swapped and nothing else; data- and tensor-parallel runs on two gloo
+ranks train like one float8 process; float8 is really on (the losses differ from bf16's)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoplan.models.registry import ModelSpec
+from engine import model as model_lib
+from engine.float8 import convert_float8
+from engine.launch import run_local
+from engine_helpers import TINY, TINY_LLAMA, losses, make_plan, max_rel_diff, run_plans
+
+pytest.importorskip("torchao", reason="mixed-fp8 runs need torchao (the test extra has it)")
+
+STEPS = 12
+OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "20"]
+BF16 = {"params": "float32", "compute": "bfloat16", "reduce": "float32"}
+FP8 = dict(BF16, matmul="float8")
+
+
+@pytest.mark.parametrize("model, per_block", [(TINY, 6), (TINY_LLAMA, 7)])
+def test_the_blocks_linear_layers_and_only_they_become_float8(model, per_block):
+    from torchao.float8.float8_linear import Float8Linear
+
+    spec = ModelSpec("builtin", "gpt", dict(model))
+    names = ["<pre>"] + [f"blocks.{i}" for i in range(model["layers"])] + ["<post>"]
+    chunk = model_lib.build_chunk(spec, names)
+    swapped = convert_float8(chunk, [n for n in names if not n.startswith("<")])
+    fp8 = [n for n, m in chunk.named_modules() if isinstance(m, Float8Linear)]
+    assert swapped == len(fp8) == per_block * model["layers"]
+    assert all(n.startswith("blocks.") for n in fp8)          # the head stays bf16
+
+
+@pytest.mark.multiproc
+def test_float8_runs_train_like_one_float8_process(tmp_path):
+    ref = {}
+    for name, prec in (("fp8", FP8), ("bf16", BF16)):
+        path = make_plan(precision=prec).save(tmp_path / f"{name}.json")
+        assert run_local(path, steps=STEPS, out_dir=tmp_path / name, extra_args=OPTIONS) == 0
+        ref[name] = losses(tmp_path / name)
+    assert ref["fp8"][STEPS] < ref["fp8"][1] - 0.2                # it learns
+    assert 0 < max_rel_diff(ref["fp8"], ref["bf16"]) < 2e-2       # float8 is on, and close
+    plans = {"dp2_zero3_fp8": make_plan(dp=2, zero=3, precision=FP8),
+             "tp2_sp_fp8": make_plan(tp=2, sp=True, precision=FP8)}
+    out = tmp_path / "world2"
+    proc = run_plans(2, out, plans, steps=STEPS, extra=OPTIONS)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    for name in plans:
+        # per-tensor scales are taken over each rank's own shard of the batch (data
+        # parallel) or of the weight (tensor parallel): close to one process, not bit-equal
+        diff = max_rel_diff(losses(out / name), ref["fp8"])
+        print(f"float8 {name}: max relative loss difference {diff:.2e} against one process")
+        assert diff < 1e-2, name
