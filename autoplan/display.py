@@ -179,6 +179,10 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
                   + ("" if plan.layout == "uniform" else
                      "  [yellow]stages on submeshes of their own shapes[/yellow]"))
     console.print(f"  {planner_line(plan)}", highlight=False)
+    if (plan.precision or {}).get("matmul") == "float8":
+        console.print("  precision: mixed-fp8 (the blocks' linear layers in float8, the rest "
+                      f"in {plan.precision.get('compute')}; MFU against the "
+                      f"{plan.precision.get('compute')} peak)", highlight=False)
     if plan.prediction:
         print_prediction(plan.prediction, console)
     searched = plan.planner.get("name") == "auto"
