@@ -54,7 +54,7 @@ RUN_KEYS = {"id", "source", "cluster", "gpus", "model", "global_batch", "paralle
             "fused_loss", "memory", "precision"}
 #: bytes per unit of a published memory figure
 MEMORY_UNITS = {"GiB": 2 ** 30, "GB": 1e9}
-PARALLEL_KEYS = {"tp", "pp", "zero", "checkpoint", "schedule", "micro_batch",
+PARALLEL_KEYS = {"tp", "pp", "cp", "zero", "checkpoint", "schedule", "micro_batch",
                  "virtual_stages", "sequence_parallel", "tp_comm_overlap"}
 METRICS = {"tflops_per_gpu", "tokens_per_gpu", "mfu"}
 FLOPS = {"eq3", "model", "6n_attn"}
@@ -94,8 +94,9 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
         if not isinstance(par, dict) or set(par) - PARALLEL_KEYS:
             raise DataError(f"{where}: field 'parallel': unknown keys "
                             f"{sorted(set(par) - PARALLEL_KEYS) if isinstance(par, dict) else par}")
-        for key in ("tp", "pp"):
-            if not isinstance(par.get(key), int) or par[key] < 1:
+        for key in ("tp", "pp", "cp"):
+            v = par.get(key, 1 if key == "cp" else None)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise DataError(f"{where}: field 'parallel.{key}': must be a positive integer")
         for key in ("micro_batch", "virtual_stages"):
             v = par.get(key, 1)
@@ -121,9 +122,9 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
                                     and mem["value"] > 0):
             raise DataError(f"{where}: field 'memory': {{value: a positive number, unit: "
                             f"{' or '.join(MEMORY_UNITS)}}}")
-        gpus, dp_div = row["gpus"], par["tp"] * par["pp"]
+        gpus, dp_div = row["gpus"], par["tp"] * par["pp"] * par.get("cp", 1)
         if not isinstance(gpus, int) or gpus % 8 or gpus % dp_div:
-            raise DataError(f"{where}: field 'gpus': must be a multiple of 8 and of tp*pp")
+            raise DataError(f"{where}: field 'gpus': must be a multiple of 8 and of tp*pp*cp")
         runs.append({**defaults, **row})
     ids = [r["id"] for r in runs]
     if len(set(ids)) != len(ids):
@@ -200,7 +201,7 @@ def price_paper(run: dict, problem) -> tuple[object, dict, bool]:
     from autoplan.errors import AutoplanError
 
     par = dict(run["parallel"])
-    dp = run["gpus"] // (par["tp"] * par["pp"])
+    dp = run["gpus"] // (par["tp"] * par["pp"] * par.get("cp", 1))
     mbs = MICRO_BATCHES if par.get("micro_batch") == "best" else (par.get("micro_batch", 1),)
     vs = VIRTUAL if par.get("virtual_stages") == "best" else (par.get("virtual_stages", 1),)
     if par.get("schedule") == "interleaved_1f1b" and par["pp"] > 1:
@@ -208,7 +209,8 @@ def price_paper(run: dict, problem) -> tuple[object, dict, bool]:
     best = None
     for mb in mbs:
         for v in vs:
-            kw = dict(tp=par["tp"], pp=par["pp"], dp=dp, zero=par.get("zero", 0),
+            kw = dict(tp=par["tp"], pp=par["pp"], dp=dp, cp=par.get("cp", 1),
+                      zero=par.get("zero", 0),
                       micro_batch=mb, checkpoint=par.get("checkpoint", "none"),
                       schedule=par.get("schedule", "1f1b"), virtual_stages=v,
                       sequence_parallel=bool(par.get("sequence_parallel", False)),

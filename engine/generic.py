@@ -60,6 +60,7 @@ from torch.distributed.tensor.experimental import implicit_replication
 from autoplan.errors import PlanError
 from autoplan.plan import Plan
 from engine.data_parallel import apply_dp, mp_policy_for, set_microbatch
+from engine.float8 import convert_float8
 from engine.mesh import ParallelMesh
 from engine.parallelize import Precision
 from engine.recompute import mode_of, wrap

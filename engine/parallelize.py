@@ -5,6 +5,9 @@ For each plan stage this rank runs (one, or ``virtual_stages`` chunks under inte
 1. **Build on meta** — the whole model on the meta device, other stages' modules removed
    (:func:`engine.model.build_chunk`; FQNs unchanged, no memory). A Hugging Face model's
    chunk runs its architecture's stage adapter (:mod:`engine.hf_stage`).
+1a. **Float8** (``mixed-fp8`` plans, ``precision.matmul = float8``) — the blocks' linear
+   layers become torchao ``Float8Linear`` modules (:mod:`engine.float8`), before any
+   parallel wrapper, as torchtitan runs its converters.
 1b. **Expert / context parallelism** — expert weights sharded ``Shard(0)`` over the
    expert-parallel mesh, attention all-gathering keys and values over the context-parallel
    one (:mod:`engine.expert_parallel`). First of all: the expert weights must be DTensors

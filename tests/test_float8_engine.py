@@ -53,3 +53,28 @@ def test_float8_runs_train_like_one_float8_process(tmp_path):
         diff = max_rel_diff(losses(out / name), ref["fp8"])
         print(f"float8 {name}: max relative loss difference {diff:.2e} against one process")
         assert diff < 1e-2, name
+
+
+@pytest.mark.multiproc
+def test_the_generic_runtime_runs_float8_too(tmp_path):
+    """A Hugging Face OPT (the generic runtime): its decoder layers' linear layers in float8,
+    data- and tensor-parallel on two ranks against one float8 process."""
+    from autoplan.models.registry import resolve
+
+    spec = resolve("hf:opt", num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                   ffn_dim=64, vocab_size=128, max_position_embeddings=64,
+                   word_embed_proj_dim=32, dropout=0.0, attention_dropout=0.0)
+    base = dict(spec=spec, global_batch=4, seq_len=16)
+    refs = {"fp8_ref": make_plan(precision=FP8, **base),
+            "bf16_ref": make_plan(precision=BF16, **base)}
+    out = tmp_path / "generic"
+    done = run_plans(1, out, refs, steps=4, extra=OPTIONS, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ref = losses(out / "fp8_ref")
+    assert 0 < max_rel_diff(ref, losses(out / "bf16_ref")) < 2e-2
+    plans = {"dp2_zero3": make_plan(precision=FP8, dp=2, zero=3, **base),
+             "tp2": make_plan(precision=FP8, tp=2, **base)}
+    done = run_plans(2, out, plans, steps=4, extra=OPTIONS, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    for name in plans:
+        assert max_rel_diff(losses(out / name), ref) < 1e-2, name

@@ -29,8 +29,12 @@ writes one byte per element): ``2 w + 1`` bytes per element at compute width w, 
 phi the element-wise fusion factor (torch.compile fuses the amax into the producer and the
 two layouts' casts; eager runs them as written). Not modelled: float8 all-gathers of FSDP
 (torchtitan's ``enable_fsdp_float8_all_gather``, off by default; weights are gathered in
-bf16 here) and delayed scaling (Transformer Engine's amax history: the amax pass is folded
-into the previous step, one fewer read).
+bf16 here; the engine gathers them so), torchtitan's float8 tensor-parallel styles (its
+all-gathers before column-parallel GEMMs move float8; the engine's plain styles move bf16, as
+priced), eager torchao's extra small ops per cast on a CPU (a CPU run emulates float8: its
+prediction prices the casts as two kernels each and is optimistic there) and delayed
+scaling (Transformer Engine's amax history: the amax pass is folded into the previous step,
+one fewer read).
 """
 
 from __future__ import annotations
