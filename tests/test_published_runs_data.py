@@ -25,7 +25,7 @@ def test_every_row_loads_with_its_cluster_and_a_valid_configuration():
         assert cluster.world_size == run["gpus"], run["id"]
         par = run["parallel"]
         fixed = {k: v for k, v in par.items() if v != "best"}
-        dp = run["gpus"] // (par["tp"] * par["pp"])
+        dp = run["gpus"] // (par["tp"] * par["pp"] * par.get("cp", 1))
         ParallelConfig(dp=dp, **{k: v for k, v in fixed.items()
                                  if k not in ("micro_batch", "virtual_stages")})
     bloom = next(r for r in runs if r["id"] == "bloom-176b")
