@@ -77,7 +77,7 @@ def test_a_large_gemm_is_faster_in_float8_and_a_tiny_one_is_not(problems):
     fwd, bwd = cast_seconds((1, 4, 16, 16), width=2, bandwidth=1e12, kernel_s=0.0, phi=1.0)
     assert fwd == pytest.approx(5 * (64 + 256) / 1e12)
     assert bwd == pytest.approx(5 * (2 * 64 + 64 + 256) / 1e12)
-    tiny = sum(fp8._float8_time(node, 1, 1 / 4096, graph.dtype))
+    tiny = sum(fp8._op_time(node, 1, 1 / 4096, graph.dtype, float8=True))
     small_bf16 = sum(bf16._op_time(node, 1, 1 / 4096, graph.dtype))
     assert tiny > small_bf16
 

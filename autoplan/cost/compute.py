@@ -12,6 +12,8 @@ s and head dimension d (or P * e_attn), c = 1/2 for a causal kernel with a publi
 (it skips the masked half of the traced FLOPs) else 1, F the op's FLOPs, B the bytes it
 reads and writes (scaled from the traced dtype to the compute dtype), P the device's dense tensor peak for the compute dtype, P_vec its float32
 (vector) peak, W its memory bandwidth, t_k a fixed per-kernel cost and phi the fusion factor.
+Under ``mixed-fp8`` a block's linear-layer GEMM takes P the float8 peak and a k-tile twice as
+deep in elements, plus its float8 casts (:mod:`autoplan.cost.float8`).
 Backward: F_bwd from the graph; B_bwd = B_fwd * F_bwd / F_fwd for matmuls (two GEMMs, each
 moving about the forward's bytes) and B_bwd = B_fwd for memory-bound ops that get a
 gradient (an element-wise backward reads the output gradient and what it saved and writes
@@ -395,8 +397,6 @@ class ComputeModel:
             hit = self.measured(node, shard)
             if hit is not None:
                 return float(hit[0]), float(hit[1])
-        if float8 and kind == "matmul":
-            return self._float8_time(node, tp, batch_scale, traced_dtype)
         eff = self.efficiency
         bw = self.device.memory_bandwidth * eff.memory
         t_k = eff.kernel_overhead_s
@@ -404,12 +404,19 @@ class ComputeModel:
         nbytes = (node.bytes_read + node.bytes_written) \
             * self._byte_scale(node, traced_dtype, loss) / shard
         f_fwd, f_bwd = node.fwd_flops / shard, node.bwd_flops / shard
+        casts = (0.0, 0.0)
         if kind == "matmul":
             dims = gemm_dims(node, tp, batch_scale)
-            rate = self.peak * eff.matmul
-            r_fwd = rate * (gemm_factor(*dims, eff.sms) if dims else 1.0)
-            r_bwd = rate * (gemm_backward_factor(*dims, eff.sms) if dims else 1.0)
+            # a float8 GEMM: the float8 peak, and a k-tile of the same bytes holds twice the
+            # elements; plus its casts (autoplan.cost.float8)
+            peak, k0 = (self.float8_peak, 2 * GEMM_K0) if float8 else (self.peak, GEMM_K0)
+            rate = peak * eff.matmul
+            r_fwd = rate * (gemm_factor(*dims, eff.sms, k0) if dims else 1.0)
+            r_bwd = rate * (gemm_backward_factor(*dims, eff.sms, k0) if dims else 1.0)
             kernels = 2                                    # dgrad + wgrad
+            if float8 and dims is not None:
+                casts = cast_seconds(dims, width=self._dtype_bytes, bandwidth=bw,
+                                     kernel_s=t_k, phi=eff.fusion)
         elif kind == "attention":
             r_fwd, done = self._attention_rate(node)
             r_bwd = r_fwd
@@ -418,43 +425,15 @@ class ComputeModel:
         if kind in ("matmul", "attention"):
             fwd = max(f_fwd / r_fwd, nbytes / bw) + t_k if r_fwd > 0 else nbytes / bw + t_k
             if f_bwd <= 0:
-                return fwd, 0.0
+                return fwd + casts[0], 0.0
             b_bwd = nbytes * (f_bwd / f_fwd if f_fwd > 0 else 2.0)
-            return fwd, max(f_bwd / r_bwd, b_bwd / bw) + kernels * t_k
+            return (fwd + casts[0],
+                    max(f_bwd / r_bwd, b_bwd / bw) + kernels * t_k + casts[1])
         phi = 1.0 if loss or op_base_name(node.op) in FUSED_KERNEL_OPS else eff.fusion
         fwd = phi * (max(f_fwd / self.vector_peak, nbytes / bw) + t_k)
         if not self._has_backward(node):
             return fwd, 0.0
         bwd = phi * (max(f_bwd / self.vector_peak, BWD_MEMORY_RATIO * nbytes / bw) + t_k)
-        return fwd, bwd
-
-    def _float8_time(self, node: OpNode, tp: float, batch_scale: float,
-                     traced_dtype: str | None) -> tuple[float, float]:
-        """A linear layer's GEMM on float8 tensor cores plus its casts
-        (:mod:`autoplan.cost.float8`): the roofline above at the float8 peak, the tile's
-        K-depth twice as many elements, and the casts at the element-wise rate."""
-        eff = self.efficiency
-        bw = self.device.memory_bandwidth * eff.memory
-        shard = tp / batch_scale
-        nbytes = (node.bytes_read + node.bytes_written) \
-            * self._byte_scale(node, traced_dtype, False) / shard
-        f_fwd, f_bwd = node.fwd_flops / shard, node.bwd_flops / shard
-        dims = gemm_dims(node, tp, batch_scale)
-        rate = self.float8_peak * eff.matmul
-        k0 = 2 * GEMM_K0
-        r_fwd = rate * (gemm_factor(*dims, eff.sms, k0) if dims else 1.0)
-        r_bwd = rate * (gemm_backward_factor(*dims, eff.sms, k0) if dims else 1.0)
-        t_k = eff.kernel_overhead_s
-        fwd = max(f_fwd / r_fwd, nbytes / bw) + t_k if r_fwd > 0 else nbytes / bw + t_k
-        bwd = 0.0
-        if f_bwd > 0:
-            b_bwd = nbytes * (f_bwd / f_fwd if f_fwd > 0 else 2.0)
-            bwd = max(f_bwd / r_bwd, b_bwd / bw) + 2 * t_k
-        if dims is not None:
-            c_fwd, c_bwd = cast_seconds(dims, width=self._dtype_bytes, bandwidth=bw,
-                                        kernel_s=t_k, phi=eff.fusion)
-            fwd += c_fwd
-            bwd += c_bwd if f_bwd > 0 else 0.0
         return fwd, bwd
 
     def _attention_rate(self, node: OpNode) -> tuple[float, float]:
