@@ -52,6 +52,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
                     "device": (cluster.get("device") or {}).get("name")},
         "global_batch": plan.global_batch,
         "seq_len": plan.seq_len,
+        "precision": dict(plan.precision),
         "parallel": plan.label(),
         "config": {k: getattr(plan.parallel, k) for k in (
             "dp", "tp", "pp", "zero", "sequence_parallel", "micro_batch", "num_micro_batches",

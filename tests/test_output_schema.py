@@ -190,3 +190,12 @@ def test_profile_ops_and_calibrate(tmp_path):
         "plan": "plan.json", "label": plan.parallel.label(), "warmup_steps": 1,
         "measured": {"step_time_s": 0.024, "peak_memory_bytes": 5e6}, "predicted": None}))
     check("calibrate", run_json("calibrate", str(run), "--dry-run"))
+
+
+def test_a_float8_estimate_says_so_in_its_json():
+    doc = run_json("estimate", "gpt", "--layers", "2", "--hidden", "256", "--heads", "4",
+                   "--vocab", "1024", "--seq-len", "128", "--cluster", "dgx-h100",
+                   "--global-batch", "16", "--precision", "mixed-fp8", "--no-compare")
+    check("estimate", doc)
+    assert doc["precision"] == {"params": "float32", "compute": "bfloat16",
+                                "reduce": "float32", "matmul": "float8"}
