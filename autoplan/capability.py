@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autoplan.placement import REPLICATE, REPLICATED, parse
+from autoplan.precision import PLAN_KEYS as PRECISION_KEYS
 
 if TYPE_CHECKING:                      # pragma: no cover
     from autoplan.models.registry import ModelSpec
@@ -125,7 +126,7 @@ def precision_gap(precision: dict) -> str | None:
     float8 linear layers, :mod:`engine.float8`) or absent. One check for the capability
     query and the engine's validation."""
     for key in precision:
-        if key not in ("params", "compute", "reduce", "matmul"):
+        if key not in PRECISION_KEYS:
             return f"field 'precision.{key}': unknown key"
     for key in ("params", "compute", "reduce"):
         value = precision.get(key, "float32")

@@ -20,6 +20,7 @@ from rich.text import Text
 from autoplan.placement import short
 from autoplan.plan import Plan, Prediction
 from autoplan.plan_parts import PARTIAL_RECOMPUTE
+from autoplan.precision import float8_gemms
 
 GB = 1e9
 TIME_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer",
@@ -180,7 +181,7 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
                   + ("" if plan.layout == "uniform" else
                      "  [yellow]stages on submeshes of their own shapes[/yellow]"))
     console.print(f"  {planner_line(plan)}", highlight=False)
-    if (plan.precision or {}).get("matmul") == "float8":
+    if float8_gemms(plan.precision):
         console.print("  precision: mixed-fp8 (the blocks' linear layers in float8, the rest "
                       f"in {plan.precision.get('compute')}; MFU against the "
                       f"{plan.precision.get('compute')} peak)", highlight=False)

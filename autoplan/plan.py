@@ -76,12 +76,12 @@ from autoplan.plan_migrate import PLAN_VERSION, READABLE_VERSIONS, migrate
 from autoplan.plan_parts import (MESH_AXES, SCHEDULES, MemoryBreakdown,  # noqa: F401
                                  MeshSpec, ParallelConfig, Prediction, Stage, StageTime,
                                  TimeBreakdown, stage_from_dict, stage_ranks)
+from autoplan.precision import PLAN_KEYS as PRECISION_KEYS
 from autoplan.precision import from_plan
 from autoplan.trust import check_plan_names
 
 PLAN_FORMAT = "autoplan.plan"
 LAYOUTS = ("uniform", "stages")
-PRECISION_KEYS = ("params", "compute", "reduce", "matmul")
 
 
 @dataclass(kw_only=True)
@@ -320,11 +320,12 @@ class Plan:
             if not pf.is_name(value):
                 raise PlanError(f"field 'precision.{key}': must be a dtype name, got "
                                 f"{pf.show.repr(value)}")
-        if precision.get("matmul", precision.get("compute")) != precision.get("compute"):
+        matmul = precision.get("matmul")
+        if matmul is not None and matmul != precision.get("compute"):
             try:
                 from_plan(precision)
             except ValueError:
-                raise PlanError(f"field 'precision.matmul': {precision['matmul']!r} GEMMs "
+                raise PlanError(f"field 'precision.matmul': {matmul!r} GEMMs "
                                 f"with {precision.get('compute', 'float32')!r} compute is "
                                 f"no training precision (mixed-fp8: float8 with "
                                 f"bfloat16)") from None

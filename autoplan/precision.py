@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
+#: The keys of a plan's ``precision`` field (:meth:`Precision.plan_dict`).
+PLAN_KEYS = ("params", "compute", "reduce", "matmul")
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,12 @@ def from_plan(d: dict) -> Precision:
         if p.compute == compute and p.matmul == matmul:
             return p
     raise ValueError(f"no training precision computes in {compute!r} with {matmul!r} GEMMs")
+
+
+def float8_gemms(d: dict) -> bool:
+    """Whether a plan's ``precision`` dict runs the blocks' linear layers in float8
+    (``mixed-fp8``)."""
+    return (d or {}).get("matmul") == "float8"
 
 
 def priced_as(d: dict) -> Precision:

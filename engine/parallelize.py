@@ -44,6 +44,7 @@ import torch.nn as nn
 
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan
+from autoplan.precision import float8_gemms
 from engine import model as model_lib
 from engine.data_parallel import apply_dp, mp_policy_for
 from engine.expert_parallel import apply_cp, apply_ep, expert_params
@@ -71,7 +72,7 @@ def resolve_precision(plan: Plan, device: torch.device) -> tuple[Precision, str 
     """The plan's precision, or fp32 compute where the device lacks bf16 (with a note)."""
     get = lambda k: _DTYPES[plan.precision.get(k, "float32")]  # noqa: E731
     prec = Precision(params=get("params"), compute=get("compute"), reduce=get("reduce"),
-                     float8=plan.precision.get("matmul") == "float8")
+                     float8=float8_gemms(plan.precision))
     note = None
     if prec.compute == torch.bfloat16 and device.type == "cuda" \
             and not torch.cuda.is_bf16_supported():
@@ -83,15 +84,19 @@ def resolve_precision(plan: Plan, device: torch.device) -> tuple[Precision, str 
     return prec, note
 
 
+def block_keys(chunk: nn.Module, layer_names: tuple[str, ...] | list[str]) -> list[str]:
+    """The keys in ``chunk.blocks`` of the blocks named in ``layer_names`` (a chunk holds its
+    blocks as ``blocks.<key>`` whatever the model calls them, ``chunk.block_prefix``);
+    ``<pre>``/``<post>`` are no blocks."""
+    prefix = getattr(chunk, "block_prefix", "blocks") + "."
+    return [name[len(prefix):] for name in layer_names if name.startswith(prefix)]
+
+
 def apply_checkpointing(chunk: nn.Module, layer_names: tuple[str, ...],
                         mode: str = "full") -> None:
     """Wrap the chunk's blocks named in ``layer_names`` for ``mode`` recomputation ('full'
     or 'selective', :func:`engine.recompute.wrap`)."""
-    prefix = getattr(chunk, "block_prefix", "blocks") + "."
-    for name in layer_names:
-        if not name.startswith(prefix):
-            continue                   # <pre>/<post> hold no block activations worth it
-        key = name[len(prefix):]
+    for key in block_keys(chunk, layer_names):
         chunk.blocks[key] = wrap(chunk.blocks[key], mode)
 
 
@@ -103,10 +108,8 @@ def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: Paralle
     chunk = model_lib.build_chunk(spec, stage.layer_names)                          # 1
     if precision.params != torch.float32:
         chunk.to(dtype=precision.params)
-    if precision.float8:                       # the chunk holds its blocks as blocks.<i>
-        prefix = getattr(chunk, "block_prefix", "blocks") + "."
-        convert_float8(chunk, ["blocks." + n[len(prefix):] for n in stage.layer_names
-                               if n.startswith(prefix)])
+    if precision.float8:
+        convert_float8(chunk, ["blocks." + k for k in block_keys(chunk, stage.layer_names)])
     if p.ep > 1:                                                                    # 1b
         apply_ep(chunk, pm)
     if p.cp > 1:

@@ -48,13 +48,12 @@ CAST_KERNELS = 2
 
 def is_float8_gemm(node: OpNode, graph: OpGraph) -> bool:
     """Whether ``mixed-fp8`` runs ``node`` on float8 tensor cores (module docstring)."""
-    if node.module_type != "Linear" or not node.params or not graph.layers:
+    if node.module_type != "Linear" or not 0 <= node.layer < len(graph.layers):
         return False
     weights = [graph.params[p] for p in node.params
                if p in graph.params and len(graph.params[p].shape) == 2]
-    if len(weights) != 1 or not 0 <= node.layer < len(graph.layers):
-        return False
-    return float8_layer(graph.layers[node.layer].name, tuple(weights[0].shape))
+    return len(weights) == 1 and float8_layer(graph.layers[node.layer].name,
+                                              tuple(weights[0].shape))
 
 
 def cast_seconds(dims: tuple[float, float, float, float], *, width: float, bandwidth: float,

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from autoplan.errors import AutoplanError
 from autoplan.plan import MESH_AXES, MeshSpec, ParallelConfig, Plan, Stage, stage_ranks
+from autoplan.precision import float8_gemms
 
 #: The plan fields the exporters understand; any other field with a non-default value
 #: makes a plan not expressible.
@@ -162,7 +163,7 @@ def compute_dtype(plan: Plan) -> str:
 
 def float8_linears(plan: Plan) -> bool:
     """Whether the plan runs its blocks' linear layers in float8 (``mixed-fp8``)."""
-    return (plan.precision or {}).get("matmul") == "float8"
+    return float8_gemms(plan.precision)
 
 
 def device_note(plan: Plan) -> list[str]:

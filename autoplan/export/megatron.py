@@ -110,14 +110,14 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
     dtype = compute_dtype(plan)
     if dtype == "bfloat16":
         args.append(("--bf16",))
+    elif dtype == "float16":
+        args.append(("--fp16",))
     if float8_linears(plan):
         args.append(("--fp8-format", "hybrid"))
         notes.append("--fp8-format hybrid (e4m3 forward, e5m2 gradients) runs Transformer "
                      "Engine's linear layers in float8 with delayed scaling (an amax history); "
                      "the plan priced dynamic per-tensor scaling (torchao), one amax pass more "
                      "per cast")
-    elif dtype == "float16":
-        args.append(("--fp16",))
     if plan.seq_len:
         args.append(("--seq-length", str(plan.seq_len)))
     cfg = gpt_config(plan)
