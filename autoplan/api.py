@@ -77,6 +77,7 @@ class Problem:
     memory_headroom: float = DEFAULT_HEADROOM   # fraction of device memory left free
     fused: bool = True             # the runtime fuses element-wise ops (False: eager PyTorch)
     fused_loss: bool | None = None  # ... and the loss's backward (None: as fused)
+    float8_recipe: str = "torchao"  # whose float8 casts mixed-fp8 pays (autoplan.cost.float8)
 
     @property
     def precision_dict(self) -> dict[str, str]:
@@ -85,7 +86,7 @@ class Problem:
     def estimator(self) -> Estimator:
         return Estimator(self.graph, self.cluster, precision=self.precision,
                          memory_headroom=self.memory_headroom, fused=self.fused,
-                         fused_loss=self.fused_loss)
+                         fused_loss=self.fused_loss, float8_recipe=self.float8_recipe)
 
 
 def check_precision(name: str | None, cluster: Cluster) -> str:
@@ -128,7 +129,8 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
             nodes: int | None = None, seq_len: int | None = None,
             precision: str | None = None, check_fits: bool = False,
             memory_headroom: float = DEFAULT_HEADROOM, example_inputs: Any = None,
-            fused: bool = True, fused_loss: bool | None = None) -> Problem:
+            fused: bool = True, fused_loss: bool | None = None,
+            float8_recipe: str = "torchao") -> Problem:
     """Resolve the model and cluster and trace the model on the meta device, at micro-batch
     1 or, for a model whose BatchNorm refuses one sample per channel in training, the
     smallest batch it accepts. ``model`` may be an ``nn.Module`` (meta or real) with its
@@ -141,7 +143,10 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     :mod:`autoplan.cost.compute`, phi). ``fused_loss``: whether the loss's backward is fused
     (a fused cross-entropy kernel, torch.compile, Megatron-LM's in-place one) or holds
     eager PyTorch's two fp32 gradients (:func:`autoplan.cost.memory.loss_temporaries_bytes`);
-    None: as ``fused``."""
+    None: as ``fused``. ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays,
+    ``"torchao"`` (autoplan's engine, torchtitan) or ``"transformer-engine"`` (Megatron-LM,
+    NeMo: :mod:`autoplan.cost.float8`)."""
+    from autoplan.cost.float8 import RECIPES as FLOAT8_RECIPES
     from autoplan.models.registry import module_spec
 
     if _is_module(model):
@@ -167,6 +172,9 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     if fused_loss is not None and not isinstance(fused_loss, bool):
         raise ConfigError(f"must be True, False or None, got {fused_loss!r}"[:200],
                           field="fused_loss")
+    if not isinstance(float8_recipe, str) or float8_recipe not in FLOAT8_RECIPES:
+        raise ConfigError(f"must be one of {', '.join(FLOAT8_RECIPES)}, got "
+                          f"{float8_recipe!r}"[:200], field="float8_recipe")
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
@@ -186,7 +194,7 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
 
         graph = fuse_saved_activations(graph)
     return Problem(spec, graph, clus, global_batch, seq, precision, float(memory_headroom),
-                   fused, fused_loss)
+                   fused, fused_loss, float8_recipe)
 
 
 def _trace_smallest_batch(spec: ModelSpec, seq_len: int | None, dtype) -> OpGraph:
@@ -319,7 +327,8 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
         result = search(problem.spec, problem.graph, problem.cluster,
                         global_batch=problem.global_batch, precision=problem.precision,
                         options=options, memory_headroom=problem.memory_headroom,
-                        fused=problem.fused, fused_loss=problem.fused_loss)
+                        fused=problem.fused, fused_loss=problem.fused_loss,
+                        float8_recipe=problem.float8_recipe)
     except InfeasibleError as exc:
         if uniform_error is not None:
             raise InfeasibleError(f"{uniform_error} (the search found no plan either: "

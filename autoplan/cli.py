@@ -147,6 +147,11 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
                    help="price element-wise ops as traced, unfused (eager PyTorch: "
                         "autoplan's own engine, torchtitan without torch.compile); default: "
                         "fused, as Megatron-LM's kernels or torch.compile run them")
+    p.add_argument("--float8-recipe", choices=("torchao", "transformer-engine"),
+                   default="torchao",
+                   help="whose float8 casts a mixed-fp8 step pays: torchao's (autoplan's "
+                        "engine, torchtitan; default) or Transformer Engine's (Megatron-LM, "
+                        "NeMo: fused into the norm and activation kernels)")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -355,6 +360,7 @@ def _prepare(args: argparse.Namespace, check_fits: bool = False):
         problem = prepare(spec, args.cluster, global_batch=args.global_batch,
                           nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
                           check_fits=check_fits, fused=not getattr(args, "eager", False),
+                          float8_recipe=getattr(args, "float8_recipe", "torchao"),
                           **({"memory_headroom": args.memory_headroom}
                              if getattr(args, "memory_headroom", None) is not None else {}))
     if spec.source == "hf" and args.seq_len is None:

@@ -51,7 +51,7 @@ BEFORE = HERE / "results" / "published_runs_before.json"
 
 RUN_KEYS = {"id", "source", "cluster", "gpus", "model", "global_batch", "parallel", "metric",
             "accounting", "assumed", "approximations", "seq_len", "modelled", "eager",
-            "fused_loss", "memory", "precision"}
+            "fused_loss", "memory", "precision", "float8_recipe"}
 #: bytes per unit of a published memory figure
 MEMORY_UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 PARALLEL_KEYS = {"tp", "pp", "cp", "zero", "checkpoint", "schedule", "micro_batch",
@@ -114,6 +114,8 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
         for key in ("eager", "fused_loss"):
             if not isinstance(row.get(key, False), bool):
                 raise DataError(f"{where}: field '{key}': must be true or false")
+        if row.get("float8_recipe", "torchao") not in ("torchao", "transformer-engine"):
+            raise DataError(f"{where}: field 'float8_recipe': torchao or transformer-engine")
         mem = row.get("memory")
         if mem is not None and not (isinstance(mem, dict) and set(mem) == {"value", "unit"}
                                     and mem["unit"] in MEMORY_UNITS
@@ -169,7 +171,8 @@ def _problem(run: dict):
                          global_batch=run["global_batch"], seq_len=run["seq_len"],
                          precision=run.get("precision", "mixed"),
                          fused=not run.get("eager", False),
-                         fused_loss=run.get("fused_loss"))
+                         fused_loss=run.get("fused_loss"),
+                         float8_recipe=run.get("float8_recipe", "torchao"))
 
 
 def cluster_of(run: dict) -> str:

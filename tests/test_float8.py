@@ -94,6 +94,40 @@ def test_a_float8_plan_is_faster_with_the_same_memory_and_says_so(problems, tmp_
     assert Plan.load(path).precision == b.precision
 
 
+def test_transformer_engine_casts_are_fewer_bytes_than_torchao_s():
+    """TE writes the float8 input and its transpose from the producing kernel (2 bytes per
+    element) and casts the output gradient once, fused with its transpose (w + 2 bytes);
+    torchao casts X, W and dY with an amax pass each (module docstring of cost.float8)."""
+    dims, kw = (1, 4, 16, 16), dict(width=2, bandwidth=1e12, kernel_s=0.0, phi=1.0)
+    fwd, bwd = cast_seconds(dims, recipe="transformer-engine", **kw)
+    assert fwd == pytest.approx(2 * 64 / 1e12) and bwd == pytest.approx(4 * 64 / 1e12)
+    ao = cast_seconds(dims, **kw)
+    assert fwd < ao[0] and bwd < ao[1]
+    with pytest.raises(ValueError, match="float8 recipe"):
+        cast_seconds(dims, recipe="te", **kw)
+
+
+def test_a_transformer_engine_step_is_faster_with_the_same_memory(problems):
+    spec = resolve("gpt", **MODEL)
+    te = prepare(spec, "dgx-h100", nodes=1, global_batch=16, precision="mixed-fp8",
+                 float8_recipe="transformer-engine")
+    kw = dict(global_batch=16, tp=2, zero=1, micro_batch=2)
+    a = estimate(None, None, problem=problems["mixed-fp8"], **kw)
+    b = estimate(None, None, problem=te, **kw)
+    c = estimate(None, None, problem=problems["mixed"], **kw)
+    assert b.prediction.step_time_s < a.prediction.step_time_s < c.prediction.step_time_s
+    assert b.prediction.memory.total == pytest.approx(a.prediction.memory.total)
+    # bf16 runs have no casts: the recipe changes nothing there
+    bf16_te = prepare(spec, "dgx-h100", nodes=1, global_batch=16, precision="mixed",
+                      float8_recipe="transformer-engine")
+    assert estimate(None, None, problem=bf16_te, **kw).prediction.step_time_s == \
+        pytest.approx(c.prediction.step_time_s)
+    with pytest.raises(ConfigError) as e:
+        prepare(spec, "dgx-h100", nodes=1, global_batch=16, precision="mixed-fp8",
+                float8_recipe="te")
+    assert "float8_recipe" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_devices_without_float8_refuse_it_in_one_line():
     spec = resolve("gpt", **MODEL)
     with pytest.raises(ConfigError, match="float8.*Hopper") as exc:

@@ -112,7 +112,7 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from autoplan.cluster import DeviceSpec, canonical_dtype
-from autoplan.cost.float8 import cast_seconds, is_float8_gemm
+from autoplan.cost.float8 import RECIPES as FLOAT8_RECIPES, cast_seconds, is_float8_gemm
 from autoplan.cost.kernel_shape import (FA2_REFERENCE_PEAK_TFLOPS, SMS, attention_tflops,
                                         GEMM_K0, gemm_backward_factor, gemm_factor)
 from autoplan.graph import DTYPE_BYTES, Layer, OpGraph, OpNode
@@ -328,19 +328,24 @@ class ComputeModel:
     traced in another dtype, and each op's bytes are rescaled to ``dtype``'s width.
     ``matmul_dtype`` 'float8' runs the blocks' linear layers on float8 tensor cores, with
     their casts (``mixed-fp8``, :mod:`autoplan.cost.float8`); None: every GEMM in ``dtype``.
+    ``float8_recipe`` says whose casts: torchao's (autoplan's engine) or Transformer Engine's.
     """
 
     def __init__(self, device: DeviceSpec, dtype: str = "bfloat16",
                  efficiency: Efficiency | None = None, *,
                  measured: MeasuredFn | None = None,
                  measured_at: MeasuredAtFn | None = None,
-                 matmul_dtype: str | None = None):
+                 matmul_dtype: str | None = None, float8_recipe: str = "torchao"):
         self.device = device
         self.dtype = canonical_dtype(dtype)
         self.peak = device.peak_flops(self.dtype)          # raises if the device lacks it
         self.matmul_dtype = canonical_dtype(matmul_dtype) if matmul_dtype else None
         if self.matmul_dtype not in (None, "float8"):
             raise ValueError(f"matmul_dtype must be None or 'float8', got {matmul_dtype!r}")
+        if float8_recipe not in FLOAT8_RECIPES:
+            raise ValueError(f"float8_recipe must be one of {', '.join(FLOAT8_RECIPES)}, "
+                             f"got {float8_recipe!r}")
+        self.float8_recipe = float8_recipe
         # float8 GEMMs: the float8 peak, or the compute dtype's where the device has none
         self.float8_peak = device.peak_flops("float8") if self.matmul_dtype \
             and "float8" in device.peak_tflops else self.peak
@@ -416,7 +421,8 @@ class ComputeModel:
             kernels = 2                                    # dgrad + wgrad
             if float8 and dims is not None:
                 casts = cast_seconds(dims, width=self._dtype_bytes, bandwidth=bw,
-                                     kernel_s=t_k, phi=eff.fusion)
+                                     kernel_s=t_k, phi=eff.fusion,
+                                     recipe=self.float8_recipe)
         elif kind == "attention":
             r_fwd, done = self._attention_rate(node)
             r_bwd = r_fwd

@@ -27,7 +27,24 @@ writes one byte per element): ``2 w + 1`` bytes per element at compute width w, 
     t_cast_bwd = phi ((2w + 1) (2 dY + X + W) / (W_hbm e_mem) + 8 t_k)
 
 phi the element-wise fusion factor (torch.compile fuses the amax into the producer and the
-two layouts' casts; eager runs them as written). Not modelled: float8 all-gathers of FSDP
+two layouts' casts; eager runs them as written).
+
+**Transformer Engine** (``float8_recipe="transformer-engine"``: Megatron-LM and NeMo, which
+an exported Megatron-LM plan runs; TE's ``LayerNormLinear`` / ``LayerNormMLP`` and its
+``cast_transpose`` kernels, delayed scaling) moves fewer bytes for the same GEMMs: the kernel
+that produces a GEMM's input (the norm, the activation) writes it in float8 together with
+its transpose, one byte each, with the amax taken on the way (no separate pass); the float8
+weight and its transpose are cast once per optimizer step and cached across the step's
+micro-batches (``is_first_microbatch``), a cost not charged per micro-batch here; the saved
+float8 input and weight transposes serve the backward GEMMs, so only the output gradient is
+cast there, by one fused cast-transpose kernel (read w bytes, write two float8 layouts)::
+
+    t_cast_fwd = 2 X / (W_hbm e_mem)
+    t_cast_bwd = (w + 2) dY / (W_hbm e_mem) + t_k
+
+(no phi: these are TE's own fused kernels). Checked on NVIDIA's NeMo 24.12 float8 table
+(``benchmarks/published_runs.py``, source ``nemo-h100-fp8``; nothing fitted on it): the
+held-out median error drops from 16% with torchao's casts to 8%. Not modelled: float8 all-gathers of FSDP
 (torchtitan's ``enable_fsdp_float8_all_gather``, off by default; weights are gathered in
 bf16 here; the engine gathers them so), torchtitan's float8 tensor-parallel styles (its
 all-gathers before column-parallel GEMMs move float8; the engine's plain styles move bf16, as
@@ -45,6 +62,11 @@ from autoplan.precision import float8_layer
 #: Kernels per cast (amax reduction, scaled cast).
 CAST_KERNELS = 2
 
+#: Float8 training recipes the cost model prices (module docstring): torchao's tensorwise
+#: ``Float8Linear`` (autoplan's engine, torchtitan) and NVIDIA Transformer Engine's
+#: (Megatron-LM, NeMo).
+RECIPES = ("torchao", "transformer-engine")
+
 
 def is_float8_gemm(node: OpNode, graph: OpGraph) -> bool:
     """Whether ``mixed-fp8`` runs ``node`` on float8 tensor cores (module docstring)."""
@@ -57,11 +79,16 @@ def is_float8_gemm(node: OpNode, graph: OpGraph) -> bool:
 
 
 def cast_seconds(dims: tuple[float, float, float, float], *, width: float, bandwidth: float,
-                 kernel_s: float, phi: float) -> tuple[float, float]:
-    """(forward, backward) seconds of one float8 linear's casts on one rank (module
-    docstring); ``dims`` its (batch, M, N, K) share, ``bandwidth`` the achieved HBM bytes/s."""
+                 kernel_s: float, phi: float, recipe: str = "torchao") -> tuple[float, float]:
+    """(forward, backward) seconds of one float8 linear's casts on one rank under ``recipe``
+    (one of :data:`RECIPES`; module docstring); ``dims`` its (batch, M, N, K) share,
+    ``bandwidth`` the achieved HBM bytes/s."""
     batch, m, n, k = dims
     x, w, dy = batch * m * k, k * n, batch * m * n
+    if recipe == "transformer-engine":
+        return 2.0 * x / bandwidth, (width + 2.0) * dy / bandwidth + kernel_s
+    if recipe != "torchao":
+        raise ValueError(f"float8 recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
     per_elem = 2.0 * width + 1.0
     fwd = phi * (per_elem * (x + w) / bandwidth + 2 * CAST_KERNELS * kernel_s)
     bwd = phi * (per_elem * (2 * dy + x + w) / bandwidth + 4 * CAST_KERNELS * kernel_s)

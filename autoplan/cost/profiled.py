@@ -295,7 +295,7 @@ class CostProvenance:
 
 def resolve_cost_models(cluster: Cluster, precision: str = "mixed",
                         compute: ComputeModel | None = None, comm: CommModel | None = None,
-                        *, fused: bool = True
+                        *, fused: bool = True, float8_recipe: str = "torchao"
                         ) -> tuple[ComputeModel, CommModel, CostProvenance | None]:
     """The compute and communication models a cost estimator runs on, and their provenance:
     with neither ``compute`` nor ``comm`` given, the cluster's measured profiles and
@@ -303,17 +303,21 @@ def resolve_cost_models(cluster: Cluster, precision: str = "mixed",
     roofline / alpha-beta model standing in for one left out, and no provenance.
     ``fused=False``: the runtime runs the element-wise ops as traced (eager PyTorch: the
     roofline's fusion factor phi is 1, :mod:`autoplan.cost.compute`); measured op times
-    already are what ran."""
+    already are what ran. ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays
+    (:mod:`autoplan.cost.float8`)."""
     provenance = None
     if compute is None and comm is None:
         compute, comm, provenance = cost_models_for(cluster, precision)
     prec = precision_named(precision, "precision")
     compute = compute or ComputeModel(cluster.device, dtype=prec.compute,
-                                      matmul_dtype=prec.matmul)
-    if not fused and compute.measured is None and compute.measured_at is None:
+                                      matmul_dtype=prec.matmul, float8_recipe=float8_recipe)
+    unfused = not fused and compute.measured is None and compute.measured_at is None
+    if unfused or compute.float8_recipe != float8_recipe:
         compute = ComputeModel(compute.device, dtype=compute.dtype,
-                               efficiency=replace(compute.efficiency, fusion=1.0),
-                               matmul_dtype=compute.matmul_dtype)
+                               efficiency=replace(compute.efficiency, fusion=1.0)
+                               if unfused else compute.efficiency,
+                               measured=compute.measured, measured_at=compute.measured_at,
+                               matmul_dtype=compute.matmul_dtype, float8_recipe=float8_recipe)
     return compute, comm or CommModel(cluster), provenance
 
 

@@ -67,17 +67,18 @@ class Estimator:
                  compute: ComputeModel | None = None, comm: CommModel | None = None,
                  flash_attention: bool = False, provenance: CostProvenance | None = None,
                  memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True,
-                 fused_loss: bool | None = None):
+                 fused_loss: bool | None = None, float8_recipe: str = "torchao"):
         """``compute`` / ``comm``: models to use instead of the cluster's measured profiles
         (:func:`~autoplan.cost.profiled.resolve_cost_models`); ``provenance``: where such
         models came from (:func:`~autoplan.cost.profiled.cost_models_for`), whose shared-core
         property and calibration the step then has; ``fused`` / ``fused_loss``: the runtime
-        fuses element-wise ops / the loss's backward (None: as ``fused``; api.prepare)."""
+        fuses element-wise ops / the loss's backward (None: as ``fused``; api.prepare);
+        ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays."""
         self.graph, self.cluster, self.precision = graph, cluster, precision
         compute_dtype = precision_named(precision, "precision").compute
         # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
         self.compute, self.comm, self.cost_provenance = resolve_cost_models(
-            cluster, precision, compute, comm, fused=fused)
+            cluster, precision, compute, comm, fused=fused, float8_recipe=float8_recipe)
         self.cost_provenance = provenance if provenance is not None else self.cost_provenance
         self.peak = cluster.device.peak_flops(compute_dtype)
         self.reduce_bytes, self.param_bytes = REDUCE_BYTES, PRECISION_BYTES[precision][0]

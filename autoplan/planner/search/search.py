@@ -200,17 +200,18 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
            precision: str = "mixed", options: SearchOptions = SearchOptions(),
            structure: ModelStructure | None = None,
            memory_headroom: float = DEFAULT_HEADROOM,
-           fused: bool = True, fused_loss: bool | None = None) -> SearchResult:
+           fused: bool = True, fused_loss: bool | None = None,
+           float8_recipe: str = "torchao") -> SearchResult:
     """(module docstring) Raises InfeasibleError when nothing fits. ``memory_headroom``:
     the fraction of device memory plans leave free; ``fused`` / ``fused_loss``: whether the runtime fuses element-wise
-    ops / the loss's backward (:func:`autoplan.api.prepare`)."""
+    ops / the loss's backward, ``float8_recipe`` whose float8 casts (:func:`autoplan.api.prepare`)."""
     opts = options
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     ms = structure or analyse(spec, graph)
     seconds["analyse"] = time.perf_counter() - t0
     cm = CostModel(graph, cluster, precision=precision, fused=fused, fused_loss=fused_loss,
-                   memory_headroom=memory_headroom)
+                   memory_headroom=memory_headroom, float8_recipe=float8_recipe)
     ev = Evaluator(cm, ms)
     t1 = time.perf_counter()
     lib = build_library(ev, ms, cluster.world_size, global_batch,
