@@ -116,8 +116,8 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
         args.append(("--fp8-format", "hybrid"))
         notes.append("--fp8-format hybrid (e4m3 forward, e5m2 gradients) runs Transformer "
                      "Engine's linear layers in float8 with delayed scaling (an amax history); "
-                     "the plan priced dynamic per-tensor scaling (torchao), one amax pass more "
-                     "per cast")
+                     "its casts are cheaper than torchao's, which autoplan prices unless the "
+                     "plan was made with --float8-recipe transformer-engine")
     if plan.seq_len:
         args.append(("--seq-length", str(plan.seq_len)))
     cfg = gpt_config(plan)
