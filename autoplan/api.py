@@ -38,7 +38,7 @@ from autoplan.plan import ParallelConfig, Plan
 from autoplan.planner.build import build_plan
 from autoplan.planner.grid.estimate import Estimator, fits
 from autoplan.planner.grid.uniform import SearchResult, SearchSpace, search_uniform
-from autoplan.precision import default_for
+from autoplan.precision import check_float8_recipe, default_for
 from autoplan.schedule import runs_micro_batches
 from autoplan.precision import precision as precision_named
 
@@ -146,7 +146,6 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     None: as ``fused``. ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays,
     ``"torchao"`` (autoplan's engine, torchtitan) or ``"transformer-engine"`` (Megatron-LM,
     NeMo: :mod:`autoplan.cost.float8`)."""
-    from autoplan.cost.float8 import RECIPES as FLOAT8_RECIPES
     from autoplan.models.registry import module_spec
 
     if _is_module(model):
@@ -172,9 +171,10 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     if fused_loss is not None and not isinstance(fused_loss, bool):
         raise ConfigError(f"must be True, False or None, got {fused_loss!r}"[:200],
                           field="fused_loss")
-    if not isinstance(float8_recipe, str) or float8_recipe not in FLOAT8_RECIPES:
-        raise ConfigError(f"must be one of {', '.join(FLOAT8_RECIPES)}, got "
-                          f"{float8_recipe!r}"[:200], field="float8_recipe")
+    try:
+        check_float8_recipe(float8_recipe)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="float8_recipe") from None
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from autoplan.errors import AutoplanError
-from autoplan.precision import PRECISIONS
+from autoplan.precision import FLOAT8_RECIPES, PRECISIONS
 from autoplan.run_command import cmd_run, split_engine_args
 
 EXIT_USER_ERROR = 2
@@ -147,7 +147,7 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
                    help="price element-wise ops as traced, unfused (eager PyTorch: "
                         "autoplan's own engine, torchtitan without torch.compile); default: "
                         "fused, as Megatron-LM's kernels or torch.compile run them")
-    p.add_argument("--float8-recipe", choices=("torchao", "transformer-engine"),
+    p.add_argument("--float8-recipe", choices=FLOAT8_RECIPES,
                    default="torchao",
                    help="whose float8 casts a mixed-fp8 step pays: torchao's (autoplan's "
                         "engine, torchtitan; default) or Transformer Engine's (Megatron-LM, "

@@ -130,6 +130,21 @@ def default_for(device_name: str, *, bf16: bool = True) -> Precision:
     return PRECISIONS["mixed" if bf16 else "mixed-fp16"]
 
 
+#: Whose float8 casts a ``mixed-fp8`` step is priced with (:mod:`autoplan.cost.float8`):
+#: torchao's tensorwise ``Float8Linear`` (autoplan's engine, torchtitan; the default) or NVIDIA
+#: Transformer Engine's (Megatron-LM, NeMo). A pricing assumption about the runtime, like
+#: ``fused``; the plan does not record it.
+FLOAT8_RECIPES = ("torchao", "transformer-engine")
+
+
+def check_float8_recipe(recipe: object) -> str:
+    """``recipe`` if it is one of :data:`FLOAT8_RECIPES`; ValueError otherwise."""
+    if not isinstance(recipe, str) or recipe not in FLOAT8_RECIPES:
+        raise ValueError(f"float8 recipe must be one of {', '.join(FLOAT8_RECIPES)}, "
+                         f"got {recipe!r}"[:200])
+    return recipe
+
+
 #: torchao's float8 GEMMs (``torch._scaled_mm``) need both dimensions of a weight to be
 #: multiples of 16; a linear layer that is not stays in the compute dtype.
 FLOAT8_DIM_MULTIPLE = 16

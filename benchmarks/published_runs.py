@@ -72,6 +72,8 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
     """(sources, runs) from the YAML, validated; errors name the row and field."""
     import yaml
 
+    from autoplan.precision import check_float8_recipe
+
     doc = yaml.safe_load(path.read_text())
     if not isinstance(doc, dict) or set(doc) - {"sources", "defaults", "runs"}:
         raise DataError(f"{path}: top level must have sources, defaults, runs")
@@ -114,8 +116,10 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
         for key in ("eager", "fused_loss"):
             if not isinstance(row.get(key, False), bool):
                 raise DataError(f"{where}: field '{key}': must be true or false")
-        if row.get("float8_recipe", "torchao") not in ("torchao", "transformer-engine"):
-            raise DataError(f"{where}: field 'float8_recipe': torchao or transformer-engine")
+        try:
+            check_float8_recipe(row.get("float8_recipe", "torchao"))
+        except ValueError as exc:
+            raise DataError(f"{where}: field 'float8_recipe': {exc}") from None
         mem = row.get("memory")
         if mem is not None and not (isinstance(mem, dict) and set(mem) == {"value", "unit"}
                                     and mem["unit"] in MEMORY_UNITS

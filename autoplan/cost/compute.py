@@ -112,10 +112,11 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 from autoplan.cluster import DeviceSpec, canonical_dtype
-from autoplan.cost.float8 import RECIPES as FLOAT8_RECIPES, cast_seconds, is_float8_gemm
+from autoplan.cost.float8 import cast_seconds, is_float8_gemm
 from autoplan.cost.kernel_shape import (FA2_REFERENCE_PEAK_TFLOPS, SMS, attention_tflops,
                                         GEMM_K0, gemm_backward_factor, gemm_factor)
 from autoplan.graph import DTYPE_BYTES, Layer, OpGraph, OpNode
+from autoplan.precision import check_float8_recipe
 
 #: Bytes the optimizer step moves per parameter (mixed-precision Adam: read fp32 master,
 #: m, v and a 2-byte gradient, write master, m, v and the 2-byte parameter copy = 28; fp32
@@ -342,10 +343,7 @@ class ComputeModel:
         self.matmul_dtype = canonical_dtype(matmul_dtype) if matmul_dtype else None
         if self.matmul_dtype not in (None, "float8"):
             raise ValueError(f"matmul_dtype must be None or 'float8', got {matmul_dtype!r}")
-        if float8_recipe not in FLOAT8_RECIPES:
-            raise ValueError(f"float8_recipe must be one of {', '.join(FLOAT8_RECIPES)}, "
-                             f"got {float8_recipe!r}")
-        self.float8_recipe = float8_recipe
+        self.float8_recipe = check_float8_recipe(float8_recipe)
         # float8 GEMMs: the float8 peak, or the compute dtype's where the device has none
         self.float8_peak = device.peak_flops("float8") if self.matmul_dtype \
             and "float8" in device.peak_tflops else self.peak

@@ -203,8 +203,9 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
            fused: bool = True, fused_loss: bool | None = None,
            float8_recipe: str = "torchao") -> SearchResult:
     """(module docstring) Raises InfeasibleError when nothing fits. ``memory_headroom``:
-    the fraction of device memory plans leave free; ``fused`` / ``fused_loss``: whether the runtime fuses element-wise
-    ops / the loss's backward, ``float8_recipe`` whose float8 casts (:func:`autoplan.api.prepare`)."""
+    the fraction of device memory plans leave free; ``fused`` / ``fused_loss``: whether the
+    runtime fuses element-wise ops / the loss's backward; ``float8_recipe``: whose float8
+    casts a ``mixed-fp8`` step pays (:func:`autoplan.api.prepare`)."""
     opts = options
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
