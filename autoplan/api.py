@@ -30,7 +30,9 @@ if TYPE_CHECKING:      # torch is imported to trace, not to resolve a name or re
     import torch.nn as nn
 
 from autoplan.cluster import Cluster, load_cluster
+from autoplan.cost.kernel_shape import check_attention_kernel
 from autoplan.cost.memory import DEFAULT_HEADROOM
+from autoplan.cost.parallel_dims import check_cp_comm
 from autoplan.errors import ConfigError, PlanError
 from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec, default_seq_len, resolve
@@ -78,6 +80,8 @@ class Problem:
     fused: bool = True             # the runtime fuses element-wise ops (False: eager PyTorch)
     fused_loss: bool | None = None  # ... and the loss's backward (None: as fused)
     float8_recipe: str = "torchao"  # whose float8 casts mixed-fp8 pays (autoplan.cost.float8)
+    attention_kernel: str = "flash2"  # which fused attention runs (autoplan.cost.kernel_shape)
+    cp_comm: str = "all-gather"     # how CP ranks exchange keys/values (cost.parallel_dims)
 
     @property
     def precision_dict(self) -> dict[str, str]:
@@ -86,7 +90,8 @@ class Problem:
     def estimator(self) -> Estimator:
         return Estimator(self.graph, self.cluster, precision=self.precision,
                          memory_headroom=self.memory_headroom, fused=self.fused,
-                         fused_loss=self.fused_loss, float8_recipe=self.float8_recipe)
+                         fused_loss=self.fused_loss, float8_recipe=self.float8_recipe,
+                         attention_kernel=self.attention_kernel, cp_comm=self.cp_comm)
 
 
 def check_precision(name: str | None, cluster: Cluster) -> str:
@@ -130,7 +135,8 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
             precision: str | None = None, check_fits: bool = False,
             memory_headroom: float = DEFAULT_HEADROOM, example_inputs: Any = None,
             fused: bool = True, fused_loss: bool | None = None,
-            float8_recipe: str = "torchao") -> Problem:
+            float8_recipe: str = "torchao", attention_kernel: str = "flash2",
+            cp_comm: str = "all-gather") -> Problem:
     """Resolve the model and cluster and trace the model on the meta device, at micro-batch
     1 or, for a model whose BatchNorm refuses one sample per channel in training, the
     smallest batch it accepts. ``model`` may be an ``nn.Module`` (meta or real) with its
@@ -145,7 +151,13 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     eager PyTorch's two fp32 gradients (:func:`autoplan.cost.memory.loss_temporaries_bytes`);
     None: as ``fused``. ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays,
     ``"torchao"`` (autoplan's engine, torchtitan) or ``"transformer-engine"`` (Megatron-LM,
-    NeMo: :mod:`autoplan.cost.float8`)."""
+    NeMo: :mod:`autoplan.cost.float8`). ``attention_kernel``: which fused attention the
+    runtime runs, ``"flash2"`` (torch's SDPA flash backend: autoplan's engine, torchtitan) or
+    ``"cudnn"`` (Transformer Engine on Hopper: Megatron-Core, NeMo;
+    :mod:`autoplan.cost.kernel_shape`). ``cp_comm``: how context-parallel ranks exchange
+    keys and values, ``"all-gather"`` (autoplan's engine) or ``"ring"`` (Transformer
+    Engine's point-to-point ring: Megatron-Core, NeMo; torch's ring attention:
+    :mod:`autoplan.cost.parallel_dims`)."""
     from autoplan.models.registry import module_spec
 
     if _is_module(model):
@@ -175,6 +187,14 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
         check_float8_recipe(float8_recipe)
     except ValueError as exc:
         raise ConfigError(str(exc), field="float8_recipe") from None
+    try:
+        check_attention_kernel(attention_kernel)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="attention_kernel") from None
+    try:
+        check_cp_comm(cp_comm)
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="cp_comm") from None
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
@@ -194,7 +214,7 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
 
         graph = fuse_saved_activations(graph)
     return Problem(spec, graph, clus, global_batch, seq, precision, float(memory_headroom),
-                   fused, fused_loss, float8_recipe)
+                   fused, fused_loss, float8_recipe, attention_kernel, cp_comm)
 
 
 def _trace_smallest_batch(spec: ModelSpec, seq_len: int | None, dtype) -> OpGraph:
@@ -328,7 +348,8 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
                         global_batch=problem.global_batch, precision=problem.precision,
                         options=options, memory_headroom=problem.memory_headroom,
                         fused=problem.fused, fused_loss=problem.fused_loss,
-                        float8_recipe=problem.float8_recipe)
+                        float8_recipe=problem.float8_recipe,
+                        attention_kernel=problem.attention_kernel)
     except InfeasibleError as exc:
         if uniform_error is not None:
             raise InfeasibleError(f"{uniform_error} (the search found no plan either: "

@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from autoplan.cost.kernel_shape import ATTENTION_KERNELS
+from autoplan.cost.parallel_dims import CP_COMMS
 from autoplan.errors import AutoplanError
 from autoplan.precision import FLOAT8_RECIPES, PRECISIONS
 from autoplan.run_command import cmd_run, split_engine_args
@@ -152,6 +154,14 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
                    help="whose float8 casts a mixed-fp8 step pays: torchao's (autoplan's "
                         "engine, torchtitan; default) or Transformer Engine's (Megatron-LM, "
                         "NeMo: fused into the norm and activation kernels)")
+    p.add_argument("--attention-kernel", choices=ATTENTION_KERNELS, default="flash2",
+                   help="which fused attention the runtime runs: FlashAttention-2 (torch's "
+                        "SDPA: autoplan's engine, torchtitan; default) or cuDNN's "
+                        "(Transformer Engine on H100: Megatron-LM, NeMo)")
+    p.add_argument("--cp-comm", choices=CP_COMMS, default="all-gather",
+                   help="how context-parallel ranks exchange keys and values: one all-gather "
+                        "(autoplan's engine, Llama 3; default) or a ring overlapped with "
+                        "attention (Transformer Engine: Megatron-LM, NeMo; torchtitan)")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -361,6 +371,8 @@ def _prepare(args: argparse.Namespace, check_fits: bool = False):
                           nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
                           check_fits=check_fits, fused=not getattr(args, "eager", False),
                           float8_recipe=getattr(args, "float8_recipe", "torchao"),
+                          attention_kernel=getattr(args, "attention_kernel", "flash2"),
+                          cp_comm=getattr(args, "cp_comm", "all-gather"),
                           **({"memory_headroom": args.memory_headroom}
                              if getattr(args, "memory_headroom", None) is not None else {}))
     if spec.source == "hf" and args.seq_len is None:

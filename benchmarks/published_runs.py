@@ -51,13 +51,13 @@ BEFORE = HERE / "results" / "published_runs_before.json"
 
 RUN_KEYS = {"id", "source", "cluster", "gpus", "model", "global_batch", "parallel", "metric",
             "accounting", "assumed", "approximations", "seq_len", "modelled", "eager",
-            "fused_loss", "memory", "precision", "float8_recipe"}
+            "fused_loss", "memory", "precision", "float8_recipe", "attention_kernel", "cp_comm"}
 #: bytes per unit of a published memory figure
 MEMORY_UNITS = {"GiB": 2 ** 30, "GB": 1e9}
 PARALLEL_KEYS = {"tp", "pp", "cp", "zero", "checkpoint", "schedule", "micro_batch",
                  "virtual_stages", "sequence_parallel", "tp_comm_overlap"}
 METRICS = {"tflops_per_gpu", "tokens_per_gpu", "mfu"}
-FLOPS = {"eq3", "model", "6n_attn"}
+FLOPS = {"eq3", "model", "6n_attn", "6n_head_attn"}
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 VIRTUAL = (1, 2, 3, 4, 6, 8)
 CLAIM = 1.15                    # a planner speedup above this gets its terms explained
@@ -72,6 +72,8 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
     """(sources, runs) from the YAML, validated; errors name the row and field."""
     import yaml
 
+    from autoplan.cost.kernel_shape import check_attention_kernel
+    from autoplan.cost.parallel_dims import check_cp_comm
     from autoplan.precision import check_float8_recipe
 
     doc = yaml.safe_load(path.read_text())
@@ -120,6 +122,14 @@ def load_runs(path: Path = DATA) -> tuple[dict, list[dict]]:
             check_float8_recipe(row.get("float8_recipe", "torchao"))
         except ValueError as exc:
             raise DataError(f"{where}: field 'float8_recipe': {exc}") from None
+        try:
+            check_attention_kernel(row.get("attention_kernel", "flash2"))
+        except ValueError as exc:
+            raise DataError(f"{where}: field 'attention_kernel': {exc}") from None
+        try:
+            check_cp_comm(row.get("cp_comm", "all-gather"))
+        except ValueError as exc:
+            raise DataError(f"{where}: field 'cp_comm': {exc}") from None
         mem = row.get("memory")
         if mem is not None and not (isinstance(mem, dict) and set(mem) == {"value", "unit"}
                                     and mem["unit"] in MEMORY_UNITS
@@ -149,6 +159,8 @@ def paper_flops(run: dict, spec_cfg: dict) -> float:
     if kind == "model":
         return 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
     n = spec_cfg["non_embedding_params"]
+    if kind == "6n_head_attn":           # the output layer's GEMM counted
+        n += V * h
     return (6 * n + 12 * l * h * s) * B * s
 
 
@@ -176,7 +188,9 @@ def _problem(run: dict):
                          precision=run.get("precision", "mixed"),
                          fused=not run.get("eager", False),
                          fused_loss=run.get("fused_loss"),
-                         float8_recipe=run.get("float8_recipe", "torchao"))
+                         float8_recipe=run.get("float8_recipe", "torchao"),
+                         attention_kernel=run.get("attention_kernel", "flash2"),
+                         cp_comm=run.get("cp_comm", "all-gather"))
 
 
 def cluster_of(run: dict) -> str:

@@ -37,19 +37,29 @@ def test_expert_parallel_is_four_all_to_alls_and_free_on_one_rank(comm):
 
 def test_ring_hides_behind_attention_and_all_gather_does_not(comm):
     g = Group(16, 8)
-    kw = dict(sequences=1, seq_len=131072, kv_hidden=1024, elem_bytes=2)
-    gather = context_parallel_time(comm, g, attention_fwd=1.0, attention_bwd=2.0, **kw)
-    assert gather[0] == pytest.approx(comm.time("all_gather", kv_bytes(1, 131072, 1024, 2), g))
-    hidden = context_parallel_time(comm, g, attention_fwd=1.0, attention_bwd=2.0, ring=True,
-                                   **kw)
+    volume = kv_bytes(1, 131072, 1024, 2)
+    gather = context_parallel_time(comm, g, volume, attention_fwd=1.0, attention_bwd=2.0)
+    assert gather[0] == pytest.approx(comm.time("all_gather", volume, g))
+    assert gather[1] == pytest.approx(comm.time("reduce_scatter", volume, g))
+    hidden = context_parallel_time(comm, g, volume, attention_fwd=1.0, attention_bwd=2.0,
+                                   method="ring")
     assert hidden == (0.0, 0.0)                       # a block's attention outlasts its send
-    exposed = context_parallel_time(comm, g, attention_fwd=0.0, attention_bwd=0.0, ring=True,
-                                    **kw)
-    assert exposed[0] > 0 and exposed[0] == exposed[1]
-    assert context_parallel_time(comm, Group(1, 1), attention_fwd=0, attention_bwd=0,
-                                 **kw) == (0.0, 0.0)
+    exposed = context_parallel_time(comm, g, volume, attention_fwd=0.0, attention_bwd=0.0,
+                                    method="ring")
+    # nothing to hide behind: cp - 1 sends of a block forward, of a block and its gradient
+    # backward, over the ring's slowest (inter-node) hop
+    one = comm.time("send_recv", volume / 16, Group(2, 1))
+    assert exposed[0] == pytest.approx(15 * one)
+    assert exposed[1] == pytest.approx(15 * comm.time("send_recv", 2 * volume / 16, Group(2, 1)))
+    assert exposed[1] > exposed[0]
+    assert context_parallel_time(comm, Group(1, 1), volume, attention_fwd=0,
+                                 attention_bwd=0) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="context-parallel exchange"):
+        context_parallel_time(comm, g, volume, attention_fwd=0, attention_bwd=0, method="p2p")
 
 
-def test_gathered_kv_memory():
-    assert context_parallel_extra_activation(1, 1024, 128, 2, 1) == 0
-    assert context_parallel_extra_activation(1, 1024, 128, 2, 4) == 2 * 1024 * 128 * 2 * 3 / 4
+def test_saved_kv_memory():
+    volume = 2 * 1024 * 128 * 2
+    assert context_parallel_extra_activation(volume, 1) == 0
+    assert context_parallel_extra_activation(volume, 4) == volume * 3 / 4      # gathered
+    assert context_parallel_extra_activation(volume, 4, "ring") == 0           # own share

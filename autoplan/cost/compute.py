@@ -113,8 +113,9 @@ from typing import Callable, Mapping
 
 from autoplan.cluster import DeviceSpec, canonical_dtype
 from autoplan.cost.float8 import cast_seconds, is_float8_gemm
-from autoplan.cost.kernel_shape import (FA2_REFERENCE_PEAK_TFLOPS, SMS, attention_tflops,
-                                        GEMM_K0, gemm_backward_factor, gemm_factor)
+from autoplan.cost.kernel_shape import (FA2_REFERENCE_PEAK_TFLOPS, GEMM_K0, SMS,
+                                        attention_tflops, check_attention_kernel,
+                                        gemm_backward_factor, gemm_factor)
 from autoplan.graph import DTYPE_BYTES, Layer, OpGraph, OpNode
 from autoplan.precision import check_float8_recipe
 
@@ -329,14 +330,17 @@ class ComputeModel:
     traced in another dtype, and each op's bytes are rescaled to ``dtype``'s width.
     ``matmul_dtype`` 'float8' runs the blocks' linear layers on float8 tensor cores, with
     their casts (``mixed-fp8``, :mod:`autoplan.cost.float8`); None: every GEMM in ``dtype``.
-    ``float8_recipe`` says whose casts: torchao's (autoplan's engine) or Transformer Engine's.
+    ``float8_recipe`` says whose casts: torchao's (autoplan's engine) or Transformer Engine's;
+    ``attention_kernel`` which fused attention runs (FlashAttention-2 or cuDNN's,
+    :mod:`autoplan.cost.kernel_shape`).
     """
 
     def __init__(self, device: DeviceSpec, dtype: str = "bfloat16",
                  efficiency: Efficiency | None = None, *,
                  measured: MeasuredFn | None = None,
                  measured_at: MeasuredAtFn | None = None,
-                 matmul_dtype: str | None = None, float8_recipe: str = "torchao"):
+                 matmul_dtype: str | None = None, float8_recipe: str = "torchao",
+                 attention_kernel: str = "flash2"):
         self.device = device
         self.dtype = canonical_dtype(dtype)
         self.peak = device.peak_flops(self.dtype)          # raises if the device lacks it
@@ -344,6 +348,7 @@ class ComputeModel:
         if self.matmul_dtype not in (None, "float8"):
             raise ValueError(f"matmul_dtype must be None or 'float8', got {matmul_dtype!r}")
         self.float8_recipe = check_float8_recipe(float8_recipe)
+        self.attention_kernel = check_attention_kernel(attention_kernel)
         # float8 GEMMs: the float8 peak, or the compute dtype's where the device has none
         self.float8_peak = device.peak_flops("float8") if self.matmul_dtype \
             and "float8" in device.peak_tflops else self.peak
@@ -442,14 +447,15 @@ class ComputeModel:
 
     def _attention_rate(self, node: OpNode) -> tuple[float, float]:
         """(FLOP/s, fraction of the traced FLOPs it applies to) of a fused attention op:
-        FlashAttention-2's published rate for its sequence and head dimension where the
-        device family has one, on the FLOPs the kernel does (half under a causal mask), else
+        the published rate of :attr:`attention_kernel` for its sequence and head dimension
+        where the device family has one, on the FLOPs the kernel does (half under a causal mask), else
         ``peak * attention`` on the traced FLOPs (module docstring)."""
         eff = self.efficiency
         q = node.input_meta[0].shape if node.input_meta else ()
         if eff.attention_family and len(q) >= 2 and self.dtype in ("bfloat16", "float16"):
             causal = bool(getattr(node, "causal", False))
-            tflops = attention_tflops(eff.attention_family, q[-2], q[-1], causal)
+            tflops = attention_tflops(eff.attention_family, q[-2], q[-1], causal,
+                                      self.attention_kernel)
             if tflops is not None:
                 ref = FA2_REFERENCE_PEAK_TFLOPS.get(eff.attention_family)
                 part = min(1.0, self.peak / (ref * 1e12)) if ref else 1.0

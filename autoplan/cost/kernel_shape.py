@@ -45,6 +45,22 @@ does half the traced FLOPs: :func:`attention_tflops` returns the rate on the FLO
 does, and :mod:`autoplan.cost.compute` halves the FLOPs of a causal op. Sequence lengths
 between the table's points interpolate in log2(s); outside it, the end value; head dimensions
 between 64 and 128 interpolate linearly, outside them the nearest.
+
+**Which attention kernel** (:data:`ATTENTION_KERNELS`, a pricing assumption about the
+runtime like the float8 recipe; the plan does not record it): ``flash2``, the table above
+(torch's SDPA flash backend: autoplan's engine, torchtitan, MosaicML's flash-attn), or
+``cudnn``, cuDNN's fused attention, which NVIDIA Transformer Engine runs on Hopper
+(Megatron-Core, NeMo). Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Fig. 5 and 6
+measured both on one H100 80GB SXM5 in FlashAttention-2's benchmark (bf16, batch·seq = 16k,
+hidden 2048, no mask), forward and backward separately, head dims 64 and 128
+(:data:`FA3_PAPER_TFLOPS`). A cuDNN op is priced at FlashAttention-2's rate for its shape
+times cuDNN's speedup over FlashAttention-2 in that figure at the same sequence length and
+head dimension, forward + backward combined on FlashAttention's FLOP count (backward 2.5x
+the forward): ``r = 3.5 / (1 / r_fwd + 2.5 / r_bwd)`` (:func:`cudnn_speedup`: 1.31-1.44x at
+head dim 64, 1.46-1.63x at 128). The causal panels' backward is not published; their
+forward speedups (Fig. 5, 1.58-1.65x at 128) match the unmasked ones', so the unmasked
+speedup is used for both. Other families have no published cuDNN figure and keep
+FlashAttention-2's rate.
 """
 
 from __future__ import annotations
@@ -85,6 +101,45 @@ FA2_FWD_BWD_TFLOPS: Mapping[str, Mapping[tuple[int, bool], tuple[float, ...]]] =
             (128, True): (163, 221, 265, 294, 308, 328),
         }),
     })
+
+
+#: Attention kernels the cost model prices (module docstring).
+ATTENTION_KERNELS = ("flash2", "cudnn")
+
+#: Shah et al. 2024, Fig. 5 (forward) and Fig. 6 (backward), H100 80GB SXM5, bf16, no mask:
+#: TFLOP/s at _SEQS, {(head_dim, kernel): (forward, backward)} (module docstring).
+FA3_PAPER_TFLOPS: Mapping[tuple[int, str], tuple[tuple[float, ...], tuple[float, ...]]] = \
+    MappingProxyType({
+        (64, "flash2"): ((282, 306, 318, 321, 322, 324), (198, 238, 264, 279, 287, 291)),
+        (64, "cudnn"): ((335, 373, 395, 408, 412, 413), (266, 348, 395, 417, 432, 433)),
+        (128, "flash2"): ((309, 350, 362, 368, 370, 370), (214, 260, 291, 310, 318, 322)),
+        (128, "cudnn"): ((497, 574, 617, 609, 600, 595), (305, 408, 465, 499, 518, 516)),
+    })
+
+
+def check_attention_kernel(kernel: object) -> str:
+    """``kernel`` if it is one of :data:`ATTENTION_KERNELS`; ValueError otherwise."""
+    if not isinstance(kernel, str) or kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
+                         f"got {kernel!r}"[:200])
+    return kernel
+
+
+def _fwd_bwd(fwd: float, bwd: float) -> float:
+    """Forward + backward TFLOP/s on FlashAttention's count (backward 2.5x the forward)."""
+    return 3.5 / (1.0 / fwd + 2.5 / bwd)
+
+
+def cudnn_speedup(seq: float, head_dim: float) -> float:
+    """cuDNN's forward + backward rate over FlashAttention-2's on an H100 (module
+    docstring), interpolated as :func:`attention_tflops` interpolates."""
+    def at(hd: int) -> float:
+        rates = {k: _fwd_bwd(_interp_seq(FA3_PAPER_TFLOPS[(hd, k)][0], seq),
+                             _interp_seq(FA3_PAPER_TFLOPS[(hd, k)][1], seq))
+                 for k in ATTENTION_KERNELS}
+        return rates["cudnn"] / rates["flash2"]
+    w = min(max((head_dim - 64) / 64, 0.0), 1.0)
+    return at(64) + w * (at(128) - at(64))
 
 
 def wave_utilisation(tiles: float, sms: int) -> float:
@@ -137,13 +192,17 @@ def _interp_seq(values: tuple[float, ...], seq: float) -> float:
     return values[-1]
 
 
-def attention_tflops(family: str, seq: float, head_dim: float, causal: bool) -> float | None:
-    """FlashAttention-2 forward + backward TFLOP/s on the FLOPs it does (module docstring),
-    or None for a family without published figures."""
+def attention_tflops(family: str, seq: float, head_dim: float, causal: bool,
+                     kernel: str = "flash2") -> float | None:
+    """Forward + backward TFLOP/s of ``kernel`` (:data:`ATTENTION_KERNELS`) on the FLOPs it
+    does (module docstring), or None for a family without published figures."""
     table = FA2_FWD_BWD_TFLOPS.get(family)
     if table is None:
         return None
     r64 = _interp_seq(table[(64, causal)], seq)
     r128 = _interp_seq(table[(128, causal)], seq)
     w = min(max((head_dim - 64) / 64, 0.0), 1.0)
-    return r64 + w * (r128 - r64)
+    rate = r64 + w * (r128 - r64)
+    if check_attention_kernel(kernel) == "cudnn" and family == "hopper":
+        rate *= cudnn_speedup(seq, head_dim)
+    return rate

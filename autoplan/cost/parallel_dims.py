@@ -27,20 +27,38 @@ the whole sequence's keys and values::
 
     V_kv = 2 · B · s · h_kv · b   bytes (full sequence, B sequences of the micro-batch)
 
-* all-gather: one all-gather of ``V_kv`` before attention, a reduce-scatter of its gradient
-  in backward; exposed (Llama 3 notes it is small under grouped-query attention).
-* ring: ``cp - 1`` steps each sending ``V_kv / cp`` to the next rank while the attention of
-  the block in hand runs (``t_attn / cp``); exposed only where a send outlasts its block:
-  ``(cp - 1) · max(0, t_send - t_attn / cp)`` per direction (backward sends the gradients
-  the same way).
+* ``all-gather`` (autoplan's engine, :mod:`autoplan.models.context_parallel`): one
+  all-gather of ``V_kv`` before attention, a reduce-scatter of its gradient in backward;
+  exposed (Llama 3 notes it is small under grouped-query attention). The gathered keys and
+  values are saved for the backward: ``V_kv (cp - 1) / cp`` more activation bytes per
+  attention layer than the rank's own share.
+* ``ring`` (Transformer Engine's point-to-point context parallelism in Megatron-Core and
+  NeMo, ``cp_comm_type="p2p"``; torch's ring attention in torchtitan): ``cp - 1`` steps each
+  sending a ``V_kv / cp`` block to the next rank while the attention of the block in hand
+  runs (``t_attn / cp``); exposed only where a send outlasts its block,
+  ``(cp - 1) · max(0, t_send - t_attn / cp)`` per direction. Backward runs the ring again,
+  sending each block with its gradient (``2 V_kv / cp``) beside the blocks' backward. Only
+  the rank's own keys and values are saved (the backward's ring brings the others again):
+  no extra activation bytes.
 
-Gathered keys and values are saved for the backward: ``V_kv (cp - 1) / cp`` more activation
-bytes per attention layer than the rank's own share.
+Which one a runtime uses is a pricing assumption (:data:`CP_COMMS`), like the attention
+kernel; the plan does not record it.
 """
 
 from __future__ import annotations
 
 from autoplan.cost.comm import CommModel, Group
+
+#: How context-parallel ranks exchange keys and values (module docstring).
+CP_COMMS = ("all-gather", "ring")
+
+
+def check_cp_comm(method: object) -> str:
+    """``method`` if it is one of :data:`CP_COMMS`; ValueError otherwise."""
+    if not isinstance(method, str) or method not in CP_COMMS:
+        raise ValueError(f"context-parallel exchange must be one of {', '.join(CP_COMMS)}, "
+                         f"got {method!r}"[:200])
+    return method
 
 
 def expert_a2a_bytes(tokens: float, hidden: int, top_k: int, capacity_factor: float,
@@ -66,29 +84,30 @@ def kv_bytes(sequences: float, seq_len: int, kv_hidden: int, elem_bytes: int) ->
     return 2 * sequences * seq_len * kv_hidden * elem_bytes
 
 
-def context_parallel_time(comm: CommModel, group: Group, *, sequences: float, seq_len: int,
-                          kv_hidden: int, elem_bytes: int, attention_fwd: float,
-                          attention_bwd: float, ring: bool = False) -> tuple[float, float]:
+def context_parallel_time(comm: CommModel, group: Group, volume: float, *,
+                          attention_fwd: float, attention_bwd: float,
+                          method: str = "all-gather") -> tuple[float, float]:
     """(forward, backward) exposed seconds of one attention layer's key/value exchange per
-    micro-batch; ``attention_fwd``/``_bwd`` are the rank's attention-core seconds (what a
-    ring's sends can hide behind)."""
+    micro-batch: ``volume`` is ``V_kv`` (:func:`kv_bytes`, on this rank's share of the
+    heads), ``attention_fwd``/``_bwd`` the rank's attention-core seconds (what a ring's
+    sends hide behind)."""
     cp = group.size
     if cp <= 1:
         return 0.0, 0.0
-    volume = kv_bytes(sequences, seq_len, kv_hidden, elem_bytes)
-    if not ring:
+    if check_cp_comm(method) == "all-gather":
         return (comm.time("all_gather", volume, group),
                 comm.time("reduce_scatter", volume, group))
     pair = Group(2, 1) if group.nodes > 1 else Group(2, 2)   # the ring's slowest hop
     send = comm.time("send_recv", volume / cp, pair)
+    send_bwd = comm.time("send_recv", 2 * volume / cp, pair)
     return ((cp - 1) * max(0.0, send - attention_fwd / cp),
-            (cp - 1) * max(0.0, send - attention_bwd / cp))
+            (cp - 1) * max(0.0, send_bwd - attention_bwd / cp))
 
 
-def context_parallel_extra_activation(sequences: float, seq_len: int, kv_hidden: int,
-                                      elem_bytes: int, cp: int) -> float:
-    """Bytes of gathered keys and values an attention layer saves for backward beyond the
-    rank's own share."""
-    if cp <= 1:
+def context_parallel_extra_activation(volume: float, cp: int,
+                                      method: str = "all-gather") -> float:
+    """Bytes of keys and values an attention layer saves for backward beyond the rank's own
+    share: the gathered ones under ``all-gather``, none under ``ring``."""
+    if cp <= 1 or check_cp_comm(method) == "ring":
         return 0.0
-    return kv_bytes(sequences, seq_len, kv_hidden, elem_bytes) * (cp - 1) / cp
+    return volume * (cp - 1) / cp

@@ -295,7 +295,8 @@ class CostProvenance:
 
 def resolve_cost_models(cluster: Cluster, precision: str = "mixed",
                         compute: ComputeModel | None = None, comm: CommModel | None = None,
-                        *, fused: bool = True, float8_recipe: str = "torchao"
+                        *, fused: bool = True, float8_recipe: str = "torchao",
+                        attention_kernel: str = "flash2"
                         ) -> tuple[ComputeModel, CommModel, CostProvenance | None]:
     """The compute and communication models a cost estimator runs on, and their provenance:
     with neither ``compute`` nor ``comm`` given, the cluster's measured profiles and
@@ -304,20 +305,24 @@ def resolve_cost_models(cluster: Cluster, precision: str = "mixed",
     ``fused=False``: the runtime runs the element-wise ops as traced (eager PyTorch: the
     roofline's fusion factor phi is 1, :mod:`autoplan.cost.compute`); measured op times
     already are what ran. ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays
-    (:mod:`autoplan.cost.float8`)."""
+    (:mod:`autoplan.cost.float8`); ``attention_kernel``: which fused attention runs
+    (:mod:`autoplan.cost.kernel_shape`)."""
     provenance = None
     if compute is None and comm is None:
         compute, comm, provenance = cost_models_for(cluster, precision)
     prec = precision_named(precision, "precision")
     compute = compute or ComputeModel(cluster.device, dtype=prec.compute,
-                                      matmul_dtype=prec.matmul, float8_recipe=float8_recipe)
+                                      matmul_dtype=prec.matmul, float8_recipe=float8_recipe,
+                                      attention_kernel=attention_kernel)
     unfused = not fused and compute.measured is None and compute.measured_at is None
-    if unfused or compute.float8_recipe != float8_recipe:
+    if unfused or compute.float8_recipe != float8_recipe \
+            or compute.attention_kernel != attention_kernel:
         compute = ComputeModel(compute.device, dtype=compute.dtype,
                                efficiency=replace(compute.efficiency, fusion=1.0)
                                if unfused else compute.efficiency,
                                measured=compute.measured, measured_at=compute.measured_at,
-                               matmul_dtype=compute.matmul_dtype, float8_recipe=float8_recipe)
+                               matmul_dtype=compute.matmul_dtype, float8_recipe=float8_recipe,
+                               attention_kernel=attention_kernel)
     return compute, comm or CommModel(cluster), provenance
 
 

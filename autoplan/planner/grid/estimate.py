@@ -44,6 +44,8 @@ from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_base_name
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes, eager_loss,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
+from autoplan.cost.parallel_dims import (check_cp_comm, context_parallel_extra_activation,
+                                         context_parallel_time)
 from autoplan.cost.recompute import attention_core, core_fwd_flops, op_kept_bytes, op_node_sets
 from autoplan.cost.tp_overlap import NO_OVERLAP, tp_gemm_nodes, tp_overlap
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
@@ -67,18 +69,23 @@ class Estimator:
                  compute: ComputeModel | None = None, comm: CommModel | None = None,
                  flash_attention: bool = False, provenance: CostProvenance | None = None,
                  memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True,
-                 fused_loss: bool | None = None, float8_recipe: str = "torchao"):
+                 fused_loss: bool | None = None, float8_recipe: str = "torchao",
+                 attention_kernel: str = "flash2", cp_comm: str = "all-gather"):
         """``compute`` / ``comm``: models to use instead of the cluster's measured profiles
         (:func:`~autoplan.cost.profiled.resolve_cost_models`); ``provenance``: where such
         models came from (:func:`~autoplan.cost.profiled.cost_models_for`), whose shared-core
         property and calibration the step then has; ``fused`` / ``fused_loss``: the runtime
         fuses element-wise ops / the loss's backward (None: as ``fused``; api.prepare);
-        ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays."""
+        ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays; ``attention_kernel``:
+        which fused attention runs; ``cp_comm``: how context-parallel ranks exchange keys and
+        values (:mod:`autoplan.cost.parallel_dims`)."""
         self.graph, self.cluster, self.precision = graph, cluster, precision
+        self.cp_comm = check_cp_comm(cp_comm)
         compute_dtype = precision_named(precision, "precision").compute
         # Measured profiles and calibration where the cluster has them (autoplan.cost.profiled)
         self.compute, self.comm, self.cost_provenance = resolve_cost_models(
-            cluster, precision, compute, comm, fused=fused, float8_recipe=float8_recipe)
+            cluster, precision, compute, comm, fused=fused, float8_recipe=float8_recipe,
+            attention_kernel=attention_kernel)
         self.cost_provenance = provenance if provenance is not None else self.cost_provenance
         self.peak = cluster.device.peak_flops(compute_dtype)
         self.reduce_bytes, self.param_bytes = REDUCE_BYTES, PRECISION_BYTES[precision][0]
@@ -96,16 +103,17 @@ class Estimator:
     # ---- per layer, cached by (layer kind, tp, sp) --------------------------------------
     @functools.lru_cache(maxsize=None)
     def _layer_time(self, index: int, tp: int, sp: bool, micro_batch: int
-                    ) -> tuple[float, float, float, float, float, float]:
+                    ) -> tuple[float, float, float, float, float, float, float]:
         """(forward, backward, attention-core forward, TP-GEMM forward, TP-GEMM backward,
-        forward of the ops op-level recomputation repeats) compute seconds of layer ``index``
+        forward of the ops op-level recomputation repeats, attention-core backward) compute
+        seconds of layer ``index``
         on one device of a TP group of ``tp``:
         ``column``/``row``/``sharded`` ops do 1/tp of their work, ``replicated`` ones only
         sequence-sharded (``ComputeModel.layer_time``'s rule); ops on tensors that grow with
         the batch run at the micro-batch, the others (position ids, the causal mask) at their
         traced size, as the search prices them."""
         scale = micro_batch / self.b0
-        fwd = bwd = core = gemm_f = gemm_b = op_re = 0.0
+        fwd = bwd = core = core_b = gemm_f = gemm_b = op_re = 0.0
         for name in self.graph.layers[index].nodes:
             node = self.graph.nodes[name]
             # sequence-sharded: the replicated ops on batch tensors (not a causal mask built
@@ -117,12 +125,13 @@ class Estimator:
             bwd += b
             if name in self._core:
                 core += f
+                core_b += b
             if name in self._op_sets[1]:
                 op_re += f
             if name in self._gemms:
                 gemm_f += f
                 gemm_b += b
-        return fwd, bwd, core, gemm_f, gemm_b, op_re
+        return fwd, bwd, core, gemm_f, gemm_b, op_re, core_b
 
     @functools.cached_property
     def _core(self) -> frozenset[str]:
@@ -156,7 +165,7 @@ class Estimator:
         return out
 
     def _kind_time(self, index: int, tp: int, sp: bool, micro_batch: int
-                   ) -> tuple[float, float, float, float, float, float]:
+                   ) -> tuple[float, float, float, float, float, float, float]:
         return self._layer_time(self._rep[self.graph.layers[index].kind], tp, sp, micro_batch)
 
     @functools.cached_property
@@ -373,7 +382,7 @@ class Estimator:
         layer = self.graph.layers[i]
         st = layer.stats
         sp_l = self._sequence_sharded(i, sp)
-        f, b, core_f, g_f, g_b, op_f = self._kind_time(i, tp, sp_l, micro_batch)
+        f, b, core_f, g_f, g_b, op_f, core_b = self._kind_time(i, tp, sp_l, micro_batch)
         tp_f: list[float] = []
         tp_b: list[float] = []
         if tp > 1:
@@ -388,9 +397,11 @@ class Estimator:
         kv_extra = 0.0
         if cp > 1 and st.kv_bytes:
             kv = st.kv_bytes * scale / tp       # the whole sequences' keys and values
-            tp_f.append(self.comm.time("all_gather", kv, cp_group))
-            tp_b.append(self.comm.time("reduce_scatter", kv, cp_group))
-            kv_extra = kv * (cp - 1) / cp       # gathered, saved for backward
+            cf, cb = context_parallel_time(self.comm, cp_group, kv, attention_fwd=core_f / cp,
+                                           attention_bwd=core_b / cp, method=self.cp_comm)
+            tp_f.append(cf)
+            tp_b.append(cb)
+            kv_extra = context_parallel_extra_activation(kv, cp, self.cp_comm)
         e_tp = st.expert_params_tp
         expert = (e_tp / tp + st.expert_params - e_tp) / ep
         local = (st.params_tp - e_tp) / tp + (st.params - st.params_tp

@@ -133,7 +133,8 @@ class CostModel:
     def __init__(self, graph: OpGraph, cluster: Cluster, *, precision: str = "mixed",
                  compute: ComputeModel | None = None, comm: CommModel | None = None,
                  memory_headroom: float = DEFAULT_HEADROOM, fused: bool = True,
-                 fused_loss: bool | None = None, float8_recipe: str = "torchao"):
+                 fused_loss: bool | None = None, float8_recipe: str = "torchao",
+                 attention_kernel: str = "flash2"):
         self.graph = graph
         #: the loss's backward runs eager (api.prepare; ``fused`` reaches the compute model)
         self.eager_loss = eager_loss(fused, fused_loss)
@@ -145,10 +146,9 @@ class CostModel:
         # cluster has them (autoplan.cost.profiled), the roofline and alpha-beta otherwise
         from autoplan.cost.profiled import resolve_cost_models
 
-        self.compute, self.comm, self.provenance = resolve_cost_models(cluster, precision,
-                                                                       compute, comm,
-                                                                       fused=fused,
-                                                                       float8_recipe=float8_recipe)
+        self.compute, self.comm, self.provenance = resolve_cost_models(
+            cluster, precision, compute, comm, fused=fused, float8_recipe=float8_recipe,
+            attention_kernel=attention_kernel)
         calibration = getattr(self.provenance, "calibration", None)
         self.calibration = calibration if calibration is not None and \
             not calibration.is_identity else None

@@ -201,18 +201,20 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
            structure: ModelStructure | None = None,
            memory_headroom: float = DEFAULT_HEADROOM,
            fused: bool = True, fused_loss: bool | None = None,
-           float8_recipe: str = "torchao") -> SearchResult:
+           float8_recipe: str = "torchao", attention_kernel: str = "flash2") -> SearchResult:
     """(module docstring) Raises InfeasibleError when nothing fits. ``memory_headroom``:
     the fraction of device memory plans leave free; ``fused`` / ``fused_loss``: whether the
     runtime fuses element-wise ops / the loss's backward; ``float8_recipe``: whose float8
-    casts a ``mixed-fp8`` step pays (:func:`autoplan.api.prepare`)."""
+    casts a ``mixed-fp8`` step pays; ``attention_kernel``: which fused attention runs
+    (:func:`autoplan.api.prepare`)."""
     opts = options
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
     ms = structure or analyse(spec, graph)
     seconds["analyse"] = time.perf_counter() - t0
     cm = CostModel(graph, cluster, precision=precision, fused=fused, fused_loss=fused_loss,
-                   memory_headroom=memory_headroom, float8_recipe=float8_recipe)
+                   memory_headroom=memory_headroom, float8_recipe=float8_recipe,
+                   attention_kernel=attention_kernel)
     ev = Evaluator(cm, ms)
     t1 = time.perf_counter()
     lib = build_library(ev, ms, cluster.world_size, global_batch,
