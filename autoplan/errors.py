@@ -59,3 +59,11 @@ class OutOfTime(InfeasibleError):
 
 class PlanError(AutoplanError, ValueError):
     """A plan file is malformed, of another version, or does not match the run."""
+
+
+def one_of(value: object, choices: tuple[str, ...], what: str) -> str:
+    """``value`` if it is one of ``choices``; a one-line ValueError naming ``what``
+    otherwise (the callers turn it into a ConfigError naming their field)."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{what} must be one of {', '.join(choices)}, got {value!r}"[:200])
+    return value

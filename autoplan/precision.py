@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoplan.errors import one_of
+
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "float8": 1}
 #: The keys of a plan's ``precision`` field (:meth:`Precision.plan_dict`).
 PLAN_KEYS = ("params", "compute", "reduce", "matmul")
@@ -139,10 +141,7 @@ FLOAT8_RECIPES = ("torchao", "transformer-engine")
 
 def check_float8_recipe(recipe: object) -> str:
     """``recipe`` if it is one of :data:`FLOAT8_RECIPES`; ValueError otherwise."""
-    if not isinstance(recipe, str) or recipe not in FLOAT8_RECIPES:
-        raise ValueError(f"float8 recipe must be one of {', '.join(FLOAT8_RECIPES)}, "
-                         f"got {recipe!r}"[:200])
-    return recipe
+    return one_of(recipe, FLOAT8_RECIPES, "float8 recipe")
 
 
 #: torchao's float8 GEMMs (``torch._scaled_mm``) need both dimensions of a weight to be

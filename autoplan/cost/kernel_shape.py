@@ -69,6 +69,8 @@ import math
 from types import MappingProxyType
 from typing import Mapping
 
+from autoplan.errors import one_of
+
 #: Elements of the output tile the model counts (128 x 128; module docstring).
 TILE_ELEMENTS = 128 * 128
 #: K-extent of a tile's unoverlapped pipeline fill (module docstring).
@@ -119,10 +121,7 @@ FA3_PAPER_TFLOPS: Mapping[tuple[int, str], tuple[tuple[float, ...], tuple[float,
 
 def check_attention_kernel(kernel: object) -> str:
     """``kernel`` if it is one of :data:`ATTENTION_KERNELS`; ValueError otherwise."""
-    if not isinstance(kernel, str) or kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel must be one of {', '.join(ATTENTION_KERNELS)}, "
-                         f"got {kernel!r}"[:200])
-    return kernel
+    return one_of(kernel, ATTENTION_KERNELS, "attention kernel")
 
 
 def _fwd_bwd(fwd: float, bwd: float) -> float:

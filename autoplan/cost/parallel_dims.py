@@ -48,6 +48,7 @@ kernel; the plan does not record it.
 from __future__ import annotations
 
 from autoplan.cost.comm import CommModel, Group
+from autoplan.errors import one_of
 
 #: How context-parallel ranks exchange keys and values (module docstring).
 CP_COMMS = ("all-gather", "ring")
@@ -55,10 +56,7 @@ CP_COMMS = ("all-gather", "ring")
 
 def check_cp_comm(method: object) -> str:
     """``method`` if it is one of :data:`CP_COMMS`; ValueError otherwise."""
-    if not isinstance(method, str) or method not in CP_COMMS:
-        raise ValueError(f"context-parallel exchange must be one of {', '.join(CP_COMMS)}, "
-                         f"got {method!r}"[:200])
-    return method
+    return one_of(method, CP_COMMS, "context-parallel exchange")
 
 
 def expert_a2a_bytes(tokens: float, hidden: int, top_k: int, capacity_factor: float,
