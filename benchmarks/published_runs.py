@@ -2,8 +2,8 @@
 
 The runs are data (``benchmarks/data/published_runs.yaml``: 12 public sources, A100 and H100,
 TP/PP/DP/CP, ZeRO-1 and ZeRO-3/FSDP up to 2,240 GPUs, 8 to 16,384 GPUs, sequences up to 1M
-tokens); each row gives the
-paper's configuration and its throughput in the paper's own accounting. For each run:
+tokens); each row gives the paper's configuration and its throughput in the paper's own
+accounting. For each run:
 
 1. the paper's configuration is priced by :func:`autoplan.api.estimate` (a field the paper
    does not give, marked ``best``, takes the fastest value that fits, as
