@@ -13,6 +13,7 @@ import itertools
 
 from autoplan.api import prepare
 from autoplan.cost.memory import activation_bytes, selective_peak_bytes
+from autoplan.cost.parallel_dims import context_parallel_extra_activation, context_parallel_time
 from autoplan.models import resolve
 from autoplan.planner.grid.estimate import Estimator, _is_block
 
@@ -37,7 +38,7 @@ def _loop_layers(est: Estimator, start: int, end: int, tp: int, sp: bool, micro_
         layer = est.graph.layers[i]
         st = layer.stats
         sp_l = est._sequence_sharded(i, sp)
-        f, b, core_f, g_f, g_b, _ = est._kind_time(i, tp, sp_l, micro_batch)
+        f, b, core_f, g_f, g_b, _, core_b = est._kind_time(i, tp, sp_l, micro_batch)
         fwd += f / cp
         bwd += b / cp
         gemm_f += g_f / cp
@@ -55,9 +56,11 @@ def _loop_layers(est: Estimator, start: int, end: int, tp: int, sp: bool, micro_
         kv_extra = 0.0
         if cp > 1 and st.kv_bytes:
             kv = st.kv_bytes * scale / tp
-            tp_f += est.comm.time("all_gather", kv, cp_group)
-            tp_b += est.comm.time("reduce_scatter", kv, cp_group)
-            kv_extra = kv * (cp - 1) / cp
+            cf, cb = context_parallel_time(est.comm, cp_group, kv, attention_fwd=core_f / cp,
+                                           attention_bwd=core_b / cp, method=est.cp_comm)
+            tp_f += cf
+            tp_b += cb
+            kv_extra = context_parallel_extra_activation(kv, cp, est.cp_comm)
         e_tp = st.expert_params_tp
         expert = (e_tp / tp + st.expert_params - e_tp) / ep
         local = (st.params_tp - e_tp) / tp + (st.params - st.params_tp
@@ -125,6 +128,9 @@ def test_layer_sums_equal_the_loop_over_layers_experts_and_context():
     configs = [(tp, sp, 1, rec, 1, cp) for tp in (1, 2) for sp in (False, True)
                for cp in (1, 2, 4) for rec in ("none", "selective") if tp > 1 or not sp]
     assert _check_every_range(long, configs) == len(configs) * 21
+    ring = prepare(resolve("gpt", **LONG), "dgx-h100", global_batch=16, nodes=2,
+                   cp_comm="ring")
+    assert _check_every_range(ring, configs) == len(configs) * 21
 
 
 def test_the_grid_finds_what_it_found_before_on_a_small_gpt():
