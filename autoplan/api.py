@@ -183,18 +183,13 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
     if fused_loss is not None and not isinstance(fused_loss, bool):
         raise ConfigError(f"must be True, False or None, got {fused_loss!r}"[:200],
                           field="fused_loss")
-    try:
-        check_float8_recipe(float8_recipe)
-    except ValueError as exc:
-        raise ConfigError(str(exc), field="float8_recipe") from None
-    try:
-        check_attention_kernel(attention_kernel)
-    except ValueError as exc:
-        raise ConfigError(str(exc), field="attention_kernel") from None
-    try:
-        check_cp_comm(cp_comm)
-    except ValueError as exc:
-        raise ConfigError(str(exc), field="cp_comm") from None
+    for field, check, value in (("float8_recipe", check_float8_recipe, float8_recipe),
+                                ("attention_kernel", check_attention_kernel, attention_kernel),
+                                ("cp_comm", check_cp_comm, cp_comm)):
+        try:
+            check(value)
+        except ValueError as exc:
+            raise ConfigError(str(exc), field=field) from None
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)

@@ -44,8 +44,8 @@ from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel, op_base_name
 from autoplan.cost.memory import (DEFAULT_HEADROOM, PRECISION_BYTES, activation_bytes, eager_loss,
                                   selective_peak_bytes, temporary_bytes, usable_bytes)
-from autoplan.cost.parallel_dims import (check_cp_comm, context_parallel_extra_activation,
-                                         context_parallel_time)
+from autoplan.cost.parallel_dims import check_cp_comm, context_parallel_extra_activation, \
+    context_parallel_time
 from autoplan.cost.recompute import attention_core, core_fwd_flops, op_kept_bytes, op_node_sets
 from autoplan.cost.tp_overlap import NO_OVERLAP, tp_gemm_nodes, tp_overlap
 from autoplan.cost.profiled import CostProvenance, resolve_cost_models
@@ -74,11 +74,9 @@ class Estimator:
         """``compute`` / ``comm``: models to use instead of the cluster's measured profiles
         (:func:`~autoplan.cost.profiled.resolve_cost_models`); ``provenance``: where such
         models came from (:func:`~autoplan.cost.profiled.cost_models_for`), whose shared-core
-        property and calibration the step then has; ``fused`` / ``fused_loss``: the runtime
-        fuses element-wise ops / the loss's backward (None: as ``fused``; api.prepare);
-        ``float8_recipe``: whose float8 casts a ``mixed-fp8`` step pays; ``attention_kernel``:
-        which fused attention runs; ``cp_comm``: how context-parallel ranks exchange keys and
-        values (:mod:`autoplan.cost.parallel_dims`)."""
+        property and calibration the step then has; ``fused``, ``fused_loss``,
+        ``float8_recipe``, ``attention_kernel``, ``cp_comm``: the runtime's kernels and
+        exchanges (:func:`autoplan.api.prepare`)."""
         self.graph, self.cluster, self.precision = graph, cluster, precision
         self.cp_comm = check_cp_comm(cp_comm)
         compute_dtype = precision_named(precision, "precision").compute
@@ -105,12 +103,10 @@ class Estimator:
     def _layer_time(self, index: int, tp: int, sp: bool, micro_batch: int
                     ) -> tuple[float, float, float, float, float, float, float]:
         """(forward, backward, attention-core forward, TP-GEMM forward, TP-GEMM backward,
-        forward of the ops op-level recomputation repeats, attention-core backward) compute
-        seconds of layer ``index``
-        on one device of a TP group of ``tp``:
-        ``column``/``row``/``sharded`` ops do 1/tp of their work, ``replicated`` ones only
-        sequence-sharded (``ComputeModel.layer_time``'s rule); ops on tensors that grow with
-        the batch run at the micro-batch, the others (position ids, the causal mask) at their
+        op-level recomputation's repeated forward, attention-core backward) seconds of layer
+        ``index`` on one device of a TP group of ``tp``: ``column``/``row``/``sharded`` ops do
+        1/tp of their work, ``replicated`` ones only sequence-sharded; ops on tensors growing
+        with the batch run at the micro-batch, the others (position ids, causal mask) at their
         traced size, as the search prices them."""
         scale = micro_batch / self.b0
         fwd = bwd = core = core_b = gemm_f = gemm_b = op_re = 0.0
@@ -164,8 +160,7 @@ class Estimator:
             out[name] = (reads or writes, writes)
         return out
 
-    def _kind_time(self, index: int, tp: int, sp: bool, micro_batch: int
-                   ) -> tuple[float, float, float, float, float, float, float]:
+    def _kind_time(self, index: int, tp: int, sp: bool, micro_batch: int) -> tuple:
         return self._layer_time(self._rep[self.graph.layers[index].kind], tp, sp, micro_batch)
 
     @functools.cached_property
@@ -306,20 +301,14 @@ class Estimator:
     def _layers(self, start: int, end: int, tp: int, sp: bool, micro_batch: int,
                 recompute: str, ep: int = 1, cp: int = 1) -> tuple:
         """Per micro-batch sums over layers [start, end): compute, in-layer communication
-        (TP; the expert all-to-alls under ep > 1, :func:`~autoplan.cost.parallel_dims.
-        expert_parallel_time`; the key/value exchange under cp > 1, :func:`~autoplan.cost.
-        parallel_dims.context_parallel_time`), parameters (synced over dp·cp; over dp·cp x
-        tp: those of sequence-sharded replicated ops; expert weights, split over ep),
-        activations, the recompute peak, the largest gathered layer, the TP communication
-        as issued on shared CPU cores, the recomputed attention cores' forward (``recompute``
-        'selective') and the TP-sharded GEMMs' forward and backward. Under context
-        parallelism every per-token quantity is 1/cp of the micro-batch's (load-balanced
-        causal chunks give every rank 1/cp of the attention work too).
-
-        Each layer's terms (:meth:`_layer_terms`) are computed once per configuration (once
-        per run of identical layers, :attr:`_term_rep`) and added here in layer order, each
-        sum term by term as a loop computing them in place adds them (issue #18: the grid
-        asks for ~14,000 ranges, most layers in several)."""
+        (TP; expert all-to-alls and the key/value exchange: :mod:`autoplan.cost.parallel_dims`),
+        parameters (synced over dp·cp; over dp·cp x tp: sequence-sharded replicated ops';
+        experts split over ep), activations, the recompute peak, the largest gathered layer,
+        TP communication as issued on shared CPU cores, the selectively recomputed attention
+        cores' forward and the TP-sharded GEMMs' forward and backward; per token 1/cp of the
+        micro-batch's (load-balanced causal chunks: 1/cp of the attention work too). Each
+        layer's terms (:meth:`_layer_terms`, once per run of identical layers: :attr:`_term_rep`)
+        are added in layer order, as a loop computing them in place adds them (issue #18)."""
         fwd = bwd = tp_f = tp_b = act = peak = gathered = core = gemm_f = gemm_b = 0.0
         params = params_sp = experts = 0.0
         rep = self._term_rep
