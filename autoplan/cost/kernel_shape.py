@@ -202,6 +202,6 @@ def attention_tflops(family: str, seq: float, head_dim: float, causal: bool,
     r128 = _interp_seq(table[(128, causal)], seq)
     w = min(max((head_dim - 64) / 64, 0.0), 1.0)
     rate = r64 + w * (r128 - r64)
-    if check_attention_kernel(kernel) == "cudnn" and family == "hopper":
+    if kernel == "cudnn" and family == "hopper":      # checked once, by ComputeModel
         rate *= cudnn_speedup(seq, head_dim)
     return rate
