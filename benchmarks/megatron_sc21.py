@@ -47,7 +47,10 @@ def eq3_flops(batch: int, layers: int, hidden: int, seq: int = SEQ, vocab: int =
         1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
     from autoplan.api import plan_problem, prepare
     from autoplan.models import resolve
     from autoplan.planner.grid.uniform import SearchSpace

@@ -191,7 +191,10 @@ def planning_cost() -> tuple[dict, list]:
                         "<= 2.0", round(ratio, 3), ratio <= 2.0)]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)
     _, mem, t1 = activation_reduction()
     runs, t2 = selective_runs()
     tp, t3 = async_tp()
