@@ -30,9 +30,7 @@ if TYPE_CHECKING:      # torch is imported to trace, not to resolve a name or re
     import torch.nn as nn
 
 from autoplan.cluster import Cluster, load_cluster
-from autoplan.cost.kernel_shape import check_attention_kernel
 from autoplan.cost.memory import DEFAULT_HEADROOM
-from autoplan.cost.parallel_dims import check_cp_comm
 from autoplan.errors import ConfigError, PlanError
 from autoplan.graph import OpGraph
 from autoplan.models.registry import ModelSpec, default_seq_len, resolve
@@ -40,7 +38,8 @@ from autoplan.plan import ParallelConfig, Plan
 from autoplan.planner.build import build_plan
 from autoplan.planner.grid.estimate import Estimator, fits
 from autoplan.planner.grid.uniform import SearchResult, SearchSpace, search_uniform
-from autoplan.precision import check_float8_recipe, default_for
+from autoplan.precision import default_for
+from autoplan.pricing import Pricing
 from autoplan.schedule import runs_micro_batches
 from autoplan.precision import precision as precision_named
 
@@ -86,6 +85,12 @@ class Problem:
     @property
     def precision_dict(self) -> dict[str, str]:
         return precision_named(self.precision).plan_dict()
+
+    @property
+    def pricing(self) -> Pricing:
+        """The runtime assumptions this problem's plans are priced under (the plan records them)."""
+        return Pricing(self.fused, self.fused_loss, self.float8_recipe, self.attention_kernel,
+                       self.cp_comm)
 
     def estimator(self) -> Estimator:
         return Estimator(self.graph, self.cluster, precision=self.precision,
@@ -178,18 +183,11 @@ def prepare(model: ModelLike | nn.Module, cluster: ClusterLike, *, global_batch:
             or not 0 <= memory_headroom < 1:
         raise ConfigError(f"must be a fraction in [0, 1), got {memory_headroom!r}"[:200],
                           field="memory_headroom")
-    if not isinstance(fused, bool):
-        raise ConfigError(f"must be True or False, got {fused!r}"[:200], field="fused")
-    if fused_loss is not None and not isinstance(fused_loss, bool):
-        raise ConfigError(f"must be True, False or None, got {fused_loss!r}"[:200],
-                          field="fused_loss")
-    for field, check, value in (("float8_recipe", check_float8_recipe, float8_recipe),
-                                ("attention_kernel", check_attention_kernel, attention_kernel),
-                                ("cp_comm", check_cp_comm, cp_comm)):
-        try:
-            check(value)
-        except ValueError as exc:
-            raise ConfigError(str(exc), field=field) from None
+    bad = Pricing.first_error(dict(fused=fused, fused_loss=fused_loss, cp_comm=cp_comm,
+                                   float8_recipe=float8_recipe,
+                                   attention_kernel=attention_kernel))
+    if bad is not None:
+        raise ConfigError(bad[1], field=bad[0])
     spec = resolve(model) if isinstance(model, str) else model
     clus = load_cluster(cluster, nodes=nodes) if isinstance(cluster, str) else (
         cluster.with_nodes(nodes) if nodes else cluster)
@@ -284,9 +282,11 @@ def plan_problem(problem: Problem, *, space: SearchSpace = SearchSpace(), top_k:
     if planner not in PLANNERS:
         raise ConfigError(f"must be one of {', '.join(PLANNERS)}, got {planner!r}",
                           field="planner")
-    if planner == "auto":
-        return _plan_auto(problem, space=space, top_k=top_k, options=options)
-    return _plan_uniform(problem, space=space, top_k=top_k, progress=progress)
+    plan, result = _plan_auto(problem, space=space, top_k=top_k, options=options) \
+        if planner == "auto" else _plan_uniform(problem, space=space, top_k=top_k,
+                                                progress=progress)
+    plan.pricing = problem.pricing
+    return plan, result
 
 
 def _plan_uniform(problem: Problem, *, space: SearchSpace, top_k: int,
@@ -559,10 +559,12 @@ def estimate(model: ModelLike, cluster: ClusterLike, *, global_batch: int,
                               tp_comm_overlap=tp_comm_overlap)
     _check_shardable(problem, parallel)
     prediction = problem.estimator().predict(parallel)
-    return build_plan(problem.graph, problem.spec, problem.cluster, parallel,
+    plan = build_plan(problem.graph, problem.spec, problem.cluster, parallel,
                       global_batch=problem.global_batch, seq_len=problem.seq_len,
                       precision=problem.precision_dict, prediction=prediction,
                       planner={"name": "estimate"})
+    plan.pricing = problem.pricing
+    return plan
 
 
 def plan_fits(plan: Plan) -> bool:

@@ -42,7 +42,7 @@ so version-1 files load unchanged (and are held, and saved again, as version 2):
 * ``comparison``: what the uniform planner's best configuration predicts for the same
   model, cluster and batch (``autoplan show`` puts it next to this plan's prediction).
 
-Version 3 (this one; older files are migrated on read, :mod:`autoplan.plan_migrate`):
+Version 3:
 
 * ``planner`` is typed (:class:`~autoplan.plan_meta.PlannerInfo`: ``name``, ``label``,
   ``evaluated``, ``feasible``, ``note``, and free-form ``details`` that nothing decides on),
@@ -53,6 +53,11 @@ Version 3 (this one; older files are migrated on read, :mod:`autoplan.plan_migra
   (:mod:`autoplan.cost.step`) — what the report draws, without re-tracing the model.
 * :meth:`Plan.label` says what the placements do (a ``tp`` axis with no sharded weight is
   not called tensor parallelism).
+
+Version 4 (this one; older files are migrated on read, :mod:`autoplan.plan_migrate`) adds
+``pricing``: the runtime assumptions the prediction was priced under (fused kernels, the
+float8 recipe, the attention kernel, the context-parallel exchange; :mod:`autoplan.pricing`),
+null in older plans.
 
 The parts (configuration, mesh, stages, prediction) are in :mod:`autoplan.plan_parts`, the
 field checks in :mod:`autoplan.plan_fields`.
@@ -73,6 +78,7 @@ from autoplan.plan_fields import (MAX_COUNT, MAX_DEPTH, MAX_DEVICES, MAX_FIGURE,
                                   atomic_write_bytes, atomic_write_text)
 from autoplan.plan_meta import RUNTIMES, PlannerInfo, check_runtime, split_runtime  # noqa: F401
 from autoplan.plan_migrate import PLAN_VERSION, READABLE_VERSIONS, migrate
+from autoplan.pricing import Pricing
 from autoplan.plan_parts import (MESH_AXES, SCHEDULES, MemoryBreakdown,  # noqa: F401
                                  MeshSpec, ParallelConfig, Prediction, Stage, StageTime,
                                  TimeBreakdown, stage_from_dict, stage_ranks)
@@ -106,6 +112,7 @@ class Plan:
     layout: str = "uniform"
     comparison: dict[str, Any] = field(default_factory=dict)
     runtime: str | None = None         # RUNTIMES; None: the engine chooses from the plan
+    pricing: Pricing | None = None     # the runtime assumptions priced (None: not recorded)
 
     def __post_init__(self) -> None:
         # a version-2 style ``planner`` mapping (code written against it): typed here, its
@@ -245,6 +252,7 @@ class Plan:
             "runtime": self.runtime,
             "layout": self.layout,
             "comparison": self.comparison,
+            "pricing": self.pricing.to_dict() if self.pricing is not None else None,
         }
 
     def to_json(self) -> str:
@@ -364,6 +372,7 @@ class Plan:
             version=PLAN_VERSION,           # older files migrated on read (plan_migrate)
             layout=layout,
             comparison=pf.optional_object(d, "comparison"),
+            pricing=None if d.get("pricing") is None else Pricing.from_dict(d["pricing"]),
         )
         plan.validate()
         return plan

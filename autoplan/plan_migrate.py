@@ -1,4 +1,4 @@
-"""Plan files of versions 1 and 2, read as version 3.
+"""Plan files of versions 1 to 3, read as version 4.
 
 * Version 1 -> 2: the version-2 fields (``layout``, the stages' axes, ZeRO stage, micro-batch,
   data axes, activation placements, predictions, ``comparison``) are all optional and default
@@ -9,6 +9,8 @@
   chose the engine's runtime, becomes the plan's own validated ``runtime`` field. Predictions
   gain per-stage times (``prediction.stage_times``), empty in migrated plans: readers fall
   back to re-pricing the plan (:mod:`autoplan.report.timing`).
+* Version 3 -> 4: plans record the runtime assumptions their prediction was priced under
+  (``pricing``, :mod:`autoplan.pricing`); a migrated plan has none (null: not recorded).
 
 :func:`migrate` works on the JSON document before it is validated, so every error still names
 the field of the file as written.
@@ -21,15 +23,18 @@ from typing import Any
 from autoplan.plan_meta import PlannerInfo, split_runtime
 
 #: Versions :func:`migrate` reads, and the one it writes.
-READABLE_VERSIONS = (1, 2, 3)
-PLAN_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3, 4)
+PLAN_VERSION = 4
 
 
 def migrate(d: dict[str, Any]) -> dict[str, Any]:
-    """The version-3 form of plan document ``d`` (of a version in READABLE_VERSIONS)."""
+    """The version-4 form of plan document ``d`` (of a version in READABLE_VERSIONS)."""
     if d.get("version") == PLAN_VERSION:
         return d
     out = dict(d)
+    if d.get("version") == 3:                  # 3 -> 4: nothing to convert
+        out["version"] = PLAN_VERSION
+        return out
     planner, runtime = split_runtime(out.get("planner"))
     if "runtime" not in out:
         out["runtime"] = runtime

@@ -9,8 +9,8 @@ import pytest
 
 from autoplan.cluster import load_cluster
 from autoplan.errors import PlanError
-from autoplan.plan import (MemoryBreakdown, MeshSpec, ParallelConfig, Plan, Prediction, Stage,
-                           TimeBreakdown, atomic_write_text)
+from autoplan.plan import (PLAN_VERSION, MemoryBreakdown, MeshSpec, ParallelConfig, Plan,
+                           Prediction, Stage, TimeBreakdown, atomic_write_text)
 
 
 def _plan(**overrides) -> Plan:
@@ -109,7 +109,7 @@ def test_invalid_plan_is_not_written(tmp_path):
     assert not os.path.exists(tmp_path / "p.json")
 
 
-# ---- version 3: typed planner metadata, runtime, per-stage times, migration ------------------
+# ---- versions 3 and 4: typed planner metadata, runtime, per-stage times, pricing, migration --
 
 OLD_PLANS = os.path.join(os.path.dirname(__file__), "data", "plans")
 
@@ -117,25 +117,30 @@ OLD_PLANS = os.path.join(os.path.dirname(__file__), "data", "plans")
 @pytest.mark.parametrize("name", sorted(os.listdir(OLD_PLANS)))
 def test_plans_of_earlier_versions_load_migrated(name, tmp_path):
     """Plans written by earlier autoplans (committed files: v1 by the code before plan format
-    v2, 6d5c8b2^; v2 by 44725ce) load as version 3: the free-form planner object typed, its
-    runtime moved to the plan, nothing else changed; saved again they load identically."""
+    v2, 6d5c8b2^; v2 by 44725ce; v3 by c1eaa7b) load as the current version: the free-form
+    planner object typed, its runtime moved to the plan, no pricing recorded, nothing else
+    changed; saved again they load identically."""
     path = os.path.join(OLD_PLANS, name)
     with open(path) as f:
         raw = json.load(f)
-    assert raw["version"] in (1, 2)
+    assert raw["version"] in (1, 2, 3)
     plan = Plan.load(path)
-    assert plan.version == 3
+    assert plan.version == PLAN_VERSION == 4
     assert plan.planner.name == raw["planner"]["name"]
-    assert plan.runtime == raw["planner"].get("runtime")
+    assert plan.runtime == raw.get("runtime", raw["planner"].get("runtime"))
     for key, value in raw["planner"].items():
         if key in ("name", "label", "evaluated", "feasible", "note"):
             assert getattr(plan.planner, key) == value, key
+        elif key == "details":
+            assert plan.planner.details == value
         elif key != "runtime":
             assert plan.planner.details[key] == value, key
     assert plan.parallel == ParallelConfig(**raw["parallel"])
     assert [s.layers for s in plan.stages] == [tuple(s["layers"]) for s in raw["stages"]]
     assert plan.prediction.step_time_s == raw["prediction"]["step_time_s"]
-    assert plan.prediction.stage_times == ()           # not recorded before version 3
+    if raw["version"] < 3:
+        assert plan.prediction.stage_times == ()       # not recorded before version 3
+    assert plan.pricing is None                        # not recorded before version 4
     again = Plan.load(plan.save(tmp_path / "p.json"))
     assert again.to_json() == plan.to_json()
 

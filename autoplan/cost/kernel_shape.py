@@ -70,6 +70,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from autoplan.errors import one_of
+from autoplan.pricing import ATTENTION_KERNELS    # the names a plan's pricing records
 
 #: Elements of the output tile the model counts (128 x 128; module docstring).
 TILE_ELEMENTS = 128 * 128
@@ -104,9 +105,6 @@ FA2_FWD_BWD_TFLOPS: Mapping[str, Mapping[tuple[int, bool], tuple[float, ...]]] =
         }),
     })
 
-
-#: Attention kernels the cost model prices (module docstring).
-ATTENTION_KERNELS = ("flash2", "cudnn")
 
 #: Shah et al. 2024, Fig. 5 (forward) and Fig. 6 (backward), H100 80GB SXM5, bf16, no mask:
 #: TFLOP/s at _SEQS, {(head_dim, kernel): (forward, backward)} (module docstring).

@@ -49,9 +49,7 @@ from __future__ import annotations
 
 from autoplan.cost.comm import CommModel, Group
 from autoplan.errors import one_of
-
-#: How context-parallel ranks exchange keys and values (module docstring).
-CP_COMMS = ("all-gather", "ring")
+from autoplan.pricing import CP_COMMS    # the names a plan's pricing records
 
 
 def check_cp_comm(method: object) -> str:

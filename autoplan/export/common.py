@@ -17,13 +17,15 @@ from typing import Any, Iterable
 from autoplan.errors import AutoplanError
 from autoplan.plan import MESH_AXES, MeshSpec, ParallelConfig, Plan, Stage, stage_ranks
 from autoplan.precision import float8_gemms
+from autoplan.pricing import Pricing
 
 #: The plan fields the exporters understand; any other field with a non-default value
 #: makes a plan not expressible.
 KNOWN_FIELDS: dict[type, frozenset[str]] = {
     Plan: frozenset({"model", "model_fingerprint", "num_params", "cluster", "global_batch",
                      "seq_len", "mesh", "parallel", "stages", "param_placements", "precision",
-                     "prediction", "alternatives", "planner", "created_by", "version"}),
+                     "prediction", "alternatives", "planner", "created_by", "version",
+                     "pricing"}),
     ParallelConfig: frozenset({"dp", "tp", "pp", "zero", "sequence_parallel", "micro_batch",
                                "num_micro_batches", "schedule", "virtual_stages",
                                "checkpoint", "ep", "cp", "tp_comm_overlap"}),
@@ -171,6 +173,18 @@ def device_note(plan: Plan) -> list[str]:
         return [f"the plan is for {plan.mesh.device_type} devices; the exported configuration "
                 "assumes GPUs"]
     return []
+
+
+def pricing_of(plan: Plan) -> tuple[Pricing, list[str]]:
+    """The runtime assumptions ``plan``'s prediction was priced under (:mod:`autoplan.pricing`)
+    and notes: a plan that does not record them (written before plan version 4) is taken as
+    priced under autoplan's defaults, and the note says so."""
+    if plan.pricing is not None:
+        return plan.pricing, []
+    default = Pricing()
+    return default, [f"the plan does not record the runtime assumptions its prediction was "
+                     f"priced under (a plan from before format version 4); the export "
+                     f"assumes autoplan's defaults: {default.describe()}"]
 
 
 def gpt_config(plan: Plan):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 
 from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, device_note,
-                                    float8_linears, uniform_layout)
+                                    float8_linears, pricing_of, uniform_layout)
 from autoplan.plan import Plan
 
 TARGET = "DeepSpeed"
@@ -61,7 +61,12 @@ def deepspeed_config(plan: Plan) -> tuple[dict, list[str]]:
                        "(selective_ac_option = \"op\")")
     if reasons:
         raise NotExpressibleError(TARGET, reasons)
-    notes = device_note(plan)
+    pricing, notes = pricing_of(plan)
+    notes = device_note(plan) + notes
+    if pricing.attention_kernel == "cudnn":
+        notes.append("the plan was priced with cuDNN's fused attention; DeepSpeed runs the "
+                     "model's own attention: expect a slower step than predicted where that "
+                     "is FlashAttention-2 or slower")
     config: dict = {
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": p.micro_batch,

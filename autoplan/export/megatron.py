@@ -7,6 +7,12 @@ Mapping (Megatron-LM ``megatron/training/arguments.py``):
 * interleaved 1F1B with v chunks per rank -> ``--num-layers-per-virtual-pipeline-stage
   L / (pp v)``; Megatron then needs the micro-batch count to be a multiple of pp.
 * ``--sequence-parallel``; ``--micro-batch-size``; ``--global-batch-size``.
+* the prediction's runtime assumptions (``plan.pricing``, :mod:`autoplan.pricing`): the
+  attention kernel -> ``--attention-backend flash`` (FlashAttention-2) or ``fused`` (cuDNN
+  through Transformer Engine; Megatron-Core's ``AttnBackend``), the context-parallel exchange
+  -> ``--cp-comm-type allgather`` or ``p2p`` (the ring), so the run does what was priced
+  rather than Megatron's defaults (``auto``, ``p2p``); a float8 recipe or unfused kernels
+  Megatron-LM does not run are noted.
 * context parallelism -> ``--context-parallel-size cp``; expert parallelism ->
   ``--expert-model-parallel-size ep`` (Megatron-Core folds the expert-parallel group into
   data parallelism as the plan does), with ``--num-experts`` / ``--moe-router-topk`` of a
@@ -34,7 +40,7 @@ from __future__ import annotations
 import shlex
 
 from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, device_note,
-                                    float8_linears, gpt_config, uniform_layout)
+                                    float8_linears, gpt_config, pricing_of, uniform_layout)
 from autoplan.models.names import describe
 from autoplan.plan import Plan
 
@@ -70,7 +76,8 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
     if reasons:
         raise NotExpressibleError(TARGET, reasons)
 
-    notes = device_note(plan)
+    pricing, notes = pricing_of(plan)
+    notes = device_note(plan) + notes
     args: list[tuple[str, ...]] = [
         ("--tensor-model-parallel-size", str(p.tp)),
         ("--pipeline-model-parallel-size", str(p.pp)),
@@ -87,7 +94,8 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
     if p.sequence_parallel:
         args.append(("--sequence-parallel",))
     if p.cp > 1:
-        args.append(("--context-parallel-size", str(p.cp)))
+        args += [("--context-parallel-size", str(p.cp)),
+                 ("--cp-comm-type", "p2p" if pricing.cp_comm == "ring" else "allgather")]
     if p.ep > 1:
         args.append(("--expert-model-parallel-size", str(p.ep)))
     args += [("--micro-batch-size", str(p.micro_batch)),
@@ -114,10 +122,16 @@ def megatron_args(plan: Plan) -> tuple[list[tuple[str, ...]], list[str]]:
         args.append(("--fp16",))
     if float8_linears(plan):
         args.append(("--fp8-format", "hybrid"))
-        notes.append("--fp8-format hybrid (e4m3 forward, e5m2 gradients) runs Transformer "
-                     "Engine's linear layers in float8 with delayed scaling (an amax history); "
-                     "its casts are cheaper than torchao's, which autoplan prices unless the "
-                     "plan was made with --float8-recipe transformer-engine")
+        if pricing.float8_recipe != "transformer-engine":
+            notes.append("--fp8-format hybrid runs Transformer Engine's float8 linear layers, "
+                         "whose casts are cheaper than the torchao casts the plan was priced "
+                         "with: expect a faster step (plan with --float8-recipe "
+                         "transformer-engine to price them)")
+    args.append(("--attention-backend", "fused" if pricing.attention_kernel == "cudnn"
+                 else "flash"))
+    if not pricing.fused:
+        notes.append("the plan was priced for eager (unfused) element-wise kernels; Megatron-LM "
+                     "fuses them: expect a faster step than predicted")
     if plan.seq_len:
         args.append(("--seq-length", str(plan.seq_len)))
     cfg = gpt_config(plan)

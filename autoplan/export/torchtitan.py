@@ -26,6 +26,10 @@ Mapping (torchtitan applies FSDP2 for sharded data parallelism and DDP for repli
   (tensorwise recipe, ``output`` filtered out, bf16 FSDP all-gathers as priced).
 * TP-communication overlap -> ``enable_async_tensor_parallel = true`` (torchtitan needs
   ``compile`` on the model for it, noted).
+* the context-parallel exchange the plan was priced with (``plan.pricing``) ->
+  ``context_parallel_rotate_method = "allgather"`` or ``"alltoall"`` (the ring); a cuDNN
+  attention kernel or Transformer Engine float8 casts, which torchtitan does not run, are
+  noted.
 * op-level recomputation (``parallel.checkpoint = "op"``, torchtitan's own policy) ->
   ``mode = "selective"`` with ``selective_ac_option = "op"``; selective recomputation (the
   attention core) -> the same, noted as an approximation: torchtitan's op policy saves the
@@ -38,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, device_note,
-                                    float8_linears, gpt_config, uniform_layout)
+                                    float8_linears, gpt_config, pricing_of, uniform_layout)
 from autoplan.models.names import describe, preset_of
 from autoplan.plan import Plan
 
@@ -89,7 +93,8 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
     if reasons:
         raise NotExpressibleError(TARGET, reasons)
 
-    notes = device_note(plan)
+    pricing, notes = pricing_of(plan)
+    notes = device_note(plan) + notes
     lines = ["# torchtitan job config written by `autoplan export --to torchtitan`",
              f"# plan: {describe(plan.model)}, {plan.parallel.label()}",
              "# field names: torchtitan JobConfig (torchtitan/config/job_config.py), 2025", ""]
@@ -132,6 +137,16 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
               f"pipeline_parallel_degree = {p.pp}",
               f"context_parallel_degree = {p.cp}",
               f"expert_parallel_degree = {p.ep}"]
+    if p.cp > 1:
+        lines.append("context_parallel_rotate_method = "
+                     + toml_value("alltoall" if pricing.cp_comm == "ring" else "allgather"))
+    if pricing.attention_kernel == "cudnn":
+        notes.append("the plan was priced with cuDNN's fused attention; torchtitan runs torch's "
+                     "scaled_dot_product_attention, whose backend torch picks: expect a "
+                     "slower step than predicted where it runs FlashAttention-2")
+    if float8_linears(plan) and pricing.float8_recipe == "transformer-engine":
+        notes.append("the plan was priced with Transformer Engine's float8 casts; torchtitan "
+                     "runs torchao's, which cost more: expect a slower step than predicted")
     if p.zero == 3 and p.dp > 1:
         lines.append('fsdp_reshard_after_forward = "always"    # ZeRO-3: gather again for '
                      'backward')
