@@ -212,8 +212,9 @@ class Reestimator:
             cores = available_cores(run.load, cluster, self.profiles_dir)
         compute, comm, prov = cost_models_for(cluster, precision, self.profiles_dir,
                                               calibrate=False, cores=cores)
+        pricing = plan.pricing.to_dict() if plan.pricing is not None else {}
         est = Estimator(self._graph(plan, precision), cluster, precision=precision,
-                        compute=compute, comm=comm, provenance=prov)
+                        compute=compute, comm=comm, provenance=prov, **pricing)
         return est.predict(plan.parallel)
 
 

@@ -71,6 +71,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "runtime": plan.runtime,
         "layout": plan.layout,
         "comparison": plan.comparison,
+        "pricing": plan.pricing.to_dict() if plan.pricing is not None else None,
     }
 
 
@@ -185,6 +186,10 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
         console.print("  precision: mixed-fp8 (the blocks' linear layers in float8, the rest "
                       f"in {plan.precision.get('compute')}; MFU against the "
                       f"{plan.precision.get('compute')} peak)", highlight=False)
+    console.print("  priced for: " + (
+        plan.pricing.describe(cp=plan.parallel.cp > 1, float8=float8_gemms(plan.precision))
+        if plan.pricing is not None else "runtime assumptions not recorded (an older plan)"),
+        highlight=False)
     if plan.prediction:
         print_prediction(plan.prediction, console)
     searched = plan.planner.get("name") == "auto"

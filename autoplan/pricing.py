@@ -92,12 +92,16 @@ class Pricing:
             raise PlanError(f"field '{where}.{bad[0]}': {bad[1]}")
         return cls(**d)
 
-    def describe(self) -> str:
-        """One line for people: ``fused kernels, FlashAttention-2, CP all-gather, ...``."""
+    def describe(self, *, cp: bool = True, float8: bool = True) -> str:
+        """One line for people: ``fused element-wise kernels, FlashAttention-2, ...``; the
+        context-parallel exchange only where ``cp`` and the float8 recipe where ``float8``
+        (the plan uses them)."""
         parts = ["fused element-wise kernels" if self.fused else "eager (unfused) kernels"]
         if self.fused_loss is not None and self.fused_loss != self.fused:
             parts.append("fused loss" if self.fused_loss else "unfused loss")
         parts.append(_KERNEL_NAMES[self.attention_kernel])
-        parts.append(f"context-parallel {self.cp_comm}")
-        parts.append(f"{self.float8_recipe} float8 casts")
+        if cp:
+            parts.append(f"context-parallel {self.cp_comm}")
+        if float8:
+            parts.append(f"{self.float8_recipe} float8 casts")
         return ", ".join(parts)

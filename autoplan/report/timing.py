@@ -127,8 +127,9 @@ def _retrace(plan: Plan):
     spec = ModelSpec.from_dict(plan.model)
     cluster = Cluster.from_dict(plan.cluster)
     precision = priced_as(plan.precision or {}).name
+    pricing = plan.pricing.to_dict() if plan.pricing is not None else {}
     return prepare(spec, cluster, global_batch=plan.global_batch, seq_len=plan.seq_len,
-                   precision=precision)
+                   precision=precision, **pricing)    # re-priced as it was priced
 
 
 def _from_estimator(plan: Plan, problem) -> StageTiming:
