@@ -49,7 +49,7 @@ def run_local(plan_path: str | os.PathLike, *, nproc: int | None = None,
     """
     import tempfile
 
-    from engine.preflight import preflight
+    from engine.preflight import preflight, pricing_gaps
     from engine.rank_errors import ENV, earliest
 
     try:
@@ -60,6 +60,9 @@ def run_local(plan_path: str | os.PathLike, *, nproc: int | None = None,
     except AutoplanError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    for gap in pricing_gaps(plan):
+        print(f"note: {gap}: expect the measured step to differ from the prediction",
+              flush=True)
     run_env = dict(os.environ if env is None else env)
     # a fresh rendezvous store per attempt (engine.run's docstring; pytorch/pytorch#135712)
     run_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

@@ -121,3 +121,15 @@ def test_show_states_the_assumptions(ring_cudnn, tmp_path, capsys):
     assert main(["show", str(path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["pricing"]["attention_kernel"] == "cudnn"
+
+
+def test_the_engine_names_where_it_runs_the_plan_otherwise_than_priced(ring_cudnn, defaults):
+    from dataclasses import replace
+
+    from engine.preflight import pricing_gaps
+
+    gaps = pricing_gaps(ring_cudnn)
+    assert any("ring" in g for g in gaps) and any("cuDNN" in g for g in gaps)
+    assert any("eager" in g for g in gaps)            # priced fused; the engine runs eager
+    assert not any("ring" in g or "cuDNN" in g for g in pricing_gaps(defaults))
+    assert pricing_gaps(replace(defaults, pricing=None)) == []
