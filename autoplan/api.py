@@ -282,9 +282,10 @@ def plan_problem(problem: Problem, *, space: SearchSpace = SearchSpace(), top_k:
     if planner not in PLANNERS:
         raise ConfigError(f"must be one of {', '.join(PLANNERS)}, got {planner!r}",
                           field="planner")
-    plan, result = _plan_auto(problem, space=space, top_k=top_k, options=options) \
-        if planner == "auto" else _plan_uniform(problem, space=space, top_k=top_k,
-                                                progress=progress)
+    if planner == "auto":
+        plan, result = _plan_auto(problem, space=space, top_k=top_k, options=options)
+    else:
+        plan, result = _plan_uniform(problem, space=space, top_k=top_k, progress=progress)
     plan.pricing = problem.pricing
     return plan, result
 

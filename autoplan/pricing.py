@@ -105,3 +105,32 @@ class Pricing:
         if float8:
             parts.append(f"{self.float8_recipe} float8 casts")
         return ", ".join(parts)
+
+
+#: What each assumption's values mean, for notes.
+_MEANING = {
+    "fused": {True: "fused element-wise kernels", False: "eager (unfused) element-wise kernels"},
+    "attention_kernel": {"flash2": "FlashAttention-2 (torch's scaled_dot_product_attention)",
+                         "cudnn": "cuDNN's fused attention"},
+    "cp_comm": {"all-gather": "an all-gather of keys and values per layer",
+                "ring": "a context-parallel ring"},
+    "float8_recipe": {"torchao": "torchao's float8 casts",
+                      "transformer-engine": "Transformer Engine's float8 casts"},
+}
+
+
+def differences(pricing: Pricing, runtime: str, runs: dict[str, Any], *, cp: bool,
+                float8: bool) -> list[str]:
+    """Notes where ``runtime``, which runs ``runs`` (assumption -> what it runs), executes a
+    plan otherwise than ``pricing`` priced it -- so the measured step will differ from the
+    prediction. The context-parallel exchange counts only where the plan has ``cp`` > 1,
+    the float8 recipe only where it runs ``float8`` GEMMs."""
+    out = []
+    for key, value in runs.items():
+        priced = getattr(pricing, key)
+        if priced == value or (key == "cp_comm" and not cp) or \
+                (key == "float8_recipe" and not float8):
+            continue
+        meaning = _MEANING[key]
+        out.append(f"the prediction assumed {meaning[priced]}; {runtime} runs {meaning[value]}")
+    return out

@@ -145,27 +145,17 @@ def preflight(plan: Any, source: str, cfg: Any, *, world_size: int) -> Any:
 
 def pricing_gaps(plan: Any) -> list[str]:
     """Where this engine runs the plan otherwise than its prediction was priced
-    (``plan.pricing``, :mod:`autoplan.pricing`): notes for the user, not errors -- the
-    measured step is then expected to differ from the predicted one. The engine runs eager
-    PyTorch, torch's scaled_dot_product_attention, torchao's float8 casts and all-gathers
-    context-parallel keys and values."""
+    (``plan.pricing``, :func:`autoplan.pricing.differences`): notes for the user, not errors.
+    The engine runs all-gathered context parallelism and torchao's float8 casts everywhere;
+    on GPUs eager PyTorch and torch's scaled_dot_product_attention as well (on CPU ranks
+    the cost model prices no fusion or fused attention rate)."""
     from autoplan.precision import float8_gemms
+    from autoplan.pricing import differences
 
-    pr = plan.pricing
-    if pr is None:
+    if plan.pricing is None:
         return []
-    gpu = plan.mesh.device_type == "cuda"
-    out = []
-    if plan.parallel.cp > 1 and pr.cp_comm == "ring":
-        out.append("the prediction assumed a context-parallel ring; this engine all-gathers "
-                   "keys and values per layer")
-    if gpu and pr.attention_kernel == "cudnn":
-        out.append("the prediction assumed cuDNN's fused attention; this engine runs torch's "
-                   "scaled_dot_product_attention with the backend torch picks")
-    if float8_gemms(plan.precision) and pr.float8_recipe == "transformer-engine":
-        out.append("the prediction assumed Transformer Engine's float8 casts; this engine "
-                   "runs torchao's, which cost more")
-    if gpu and pr.fused:
-        out.append("the prediction assumed fused element-wise kernels; this engine runs them "
-                   "eager, as traced")
-    return out
+    runs = {"cp_comm": "all-gather", "float8_recipe": "torchao"}
+    if plan.mesh.device_type == "cuda":
+        runs.update(fused=False, attention_kernel="flash2")
+    return differences(plan.pricing, "this engine", runs, cp=plan.parallel.cp > 1,
+                       float8=float8_gemms(plan.precision))

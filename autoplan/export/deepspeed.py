@@ -22,6 +22,7 @@ import json
 from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, device_note,
                                     float8_linears, pricing_of, uniform_layout)
 from autoplan.plan import Plan
+from autoplan.pricing import differences
 
 TARGET = "DeepSpeed"
 
@@ -63,10 +64,8 @@ def deepspeed_config(plan: Plan) -> tuple[dict, list[str]]:
         raise NotExpressibleError(TARGET, reasons)
     pricing, notes = pricing_of(plan)
     notes = device_note(plan) + notes
-    if pricing.attention_kernel == "cudnn":
-        notes.append("the plan was priced with cuDNN's fused attention; DeepSpeed runs the "
-                     "model's own attention: expect a slower step than predicted where that "
-                     "is FlashAttention-2 or slower")
+    notes += differences(pricing, "DeepSpeed",
+                         {"attention_kernel": "flash2"}, cp=False, float8=False)
     config: dict = {
         "train_batch_size": plan.global_batch,
         "train_micro_batch_size_per_gpu": p.micro_batch,

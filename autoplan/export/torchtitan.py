@@ -45,6 +45,7 @@ from autoplan.export.common import (Export, NotExpressibleError, compute_dtype, 
                                     float8_linears, gpt_config, pricing_of, uniform_layout)
 from autoplan.models.names import describe, preset_of
 from autoplan.plan import Plan
+from autoplan.pricing import differences
 
 TARGET = "torchtitan"
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
@@ -140,13 +141,10 @@ def to_torchtitan(plan: Plan, *, steps: int | None = None) -> Export:
     if p.cp > 1:
         lines.append("context_parallel_rotate_method = "
                      + toml_value("alltoall" if pricing.cp_comm == "ring" else "allgather"))
-    if pricing.attention_kernel == "cudnn":
-        notes.append("the plan was priced with cuDNN's fused attention; torchtitan runs torch's "
-                     "scaled_dot_product_attention, whose backend torch picks: expect a "
-                     "slower step than predicted where it runs FlashAttention-2")
-    if float8_linears(plan) and pricing.float8_recipe == "transformer-engine":
-        notes.append("the plan was priced with Transformer Engine's float8 casts; torchtitan "
-                     "runs torchao's, which cost more: expect a slower step than predicted")
+    # the exchange is set above; what torchtitan always runs is noted where it differs
+    notes += differences(pricing, TARGET, {"attention_kernel": "flash2",
+                                           "float8_recipe": "torchao"},
+                         cp=p.cp > 1, float8=float8_linears(plan))
     if p.zero == 3 and p.dp > 1:
         lines.append('fsdp_reshard_after_forward = "always"    # ZeRO-3: gather again for '
                      'backward')
