@@ -160,8 +160,8 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
                         "(Transformer Engine on H100: Megatron-LM, NeMo)")
     p.add_argument("--cp-comm", choices=CP_COMMS, default="all-gather",
                    help="how context-parallel ranks exchange keys and values: one all-gather "
-                        "(autoplan's engine, Llama 3; default) or a ring overlapped with "
-                        "attention (Transformer Engine: Megatron-LM, NeMo; torchtitan)")
+                        "(Llama 3; default) or a ring overlapped with attention (Transformer "
+                        "Engine: Megatron-LM, NeMo; torchtitan); autoplan's engine runs both")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:

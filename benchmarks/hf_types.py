@@ -23,7 +23,7 @@ Targets: no crash, no time-out, and at least 70% of the types planned. The rows 
 type's outcome, wall seconds (rows run ``--jobs`` at a time) and its error line.
 
     python benchmarks/hf_types.py [--jobs 2] [--only llama,mixtral] [--timeout 180]
-    python benchmarks/hf_types.py --quick        # five types (the tests run this)
+    python benchmarks/hf_types.py --quick        # two types (the tests run this)
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import ROOT, print_table, target, write_results  # noqa: E402
 
-QUICK = ("llama", "mixtral", "aria_text", "falcon_mamba", "dbrx")
+QUICK = ("llama", "dbrx")   # one that plans; one whose config transformers fails to build
 PLANNED_SHARE = 0.70
 
 

@@ -24,8 +24,9 @@ into this rank's shard, the gradients of the tokens the ``ep`` ranks of its grou
 which is the gradient of the global mean loss — the same as one process's.
 
 **Context parallelism** (``parallel.cp`` > 1; Llama 3, Dubey et al. 2024, sec. 3.3.2): the
-built-in GPT's attention all-gathers keys and values over the CP group
-(:meth:`autoplan.models.gpt.GPT.shard_sequence`), and each rank takes its load-balanced
+built-in GPT's attention all-gathers keys and values over the CP group, or passes them
+around it as a ring where the plan was priced so (``pricing.cp_comm``;
+:meth:`autoplan.models.gpt.GPT.shard_sequence`), and each rank takes its load-balanced
 chunks of every sequence (:func:`autoplan.models.context_parallel.shard_rows`,
 :func:`shard_batch`). The weights are replicated over the CP ranks like data parallelism
 (the data-parallel mesh is ``dp · cp`` ranks: :mod:`engine.mesh`).
@@ -99,6 +100,8 @@ def shard_batch(inputs: torch.Tensor, targets: torch.Tensor, pm: ParallelMesh
     return shard_rows(inputs, pm.cp, pm.cp_rank), shard_rows(targets, pm.cp, pm.cp_rank)
 
 
-def apply_cp(chunk: nn.Module, pm: ParallelMesh, seq_len: int) -> None:
-    """The built-in GPT chunk's attention all-gathers keys and values over the CP group."""
-    chunk.shard_sequence(pm.cp_mesh.get_group(), seq_len)
+def apply_cp(chunk: nn.Module, pm: ParallelMesh, seq_len: int,
+             method: str = "all-gather") -> None:
+    """The built-in GPT chunk's attention exchanges keys and values over the CP group as
+    ``method`` says: one all-gather, or the ring (the plan's ``pricing.cp_comm``)."""
+    chunk.shard_sequence(pm.cp_mesh.get_group(), seq_len, method)

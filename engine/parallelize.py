@@ -113,7 +113,8 @@ def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: Paralle
     if p.ep > 1:                                                                    # 1b
         apply_ep(chunk, pm)
     if p.cp > 1:
-        apply_cp(chunk, pm, plan.seq_len or model_lib.model_info(spec).max_seq_len)
+        apply_cp(chunk, pm, plan.seq_len or model_lib.model_info(spec).max_seq_len,
+                 plan.pricing.cp_comm if plan.pricing else "all-gather")
     if p.tp > 1:                                                                    # 2
         apply_tp(chunk, pm.tp_mesh, plan.param_placements,
                  sequence_parallel=p.sequence_parallel)

@@ -146,15 +146,15 @@ def preflight(plan: Any, source: str, cfg: Any, *, world_size: int) -> Any:
 def pricing_gaps(plan: Any) -> list[str]:
     """Where this engine runs the plan otherwise than its prediction was priced
     (``plan.pricing``, :func:`autoplan.pricing.differences`): notes for the user, not errors.
-    The engine runs all-gathered context parallelism and torchao's float8 casts everywhere;
-    on GPUs eager PyTorch and torch's scaled_dot_product_attention as well (on CPU ranks
-    the cost model prices no fusion or fused attention rate)."""
+    The engine runs context parallelism as priced (all-gather or ring) and torchao's float8
+    casts everywhere; on GPUs eager PyTorch and torch's scaled_dot_product_attention as well
+    (on CPU ranks the cost model prices no fusion or fused attention rate)."""
     from autoplan.precision import float8_gemms
     from autoplan.pricing import differences
 
     if plan.pricing is None:
         return []
-    runs = {"cp_comm": "all-gather", "float8_recipe": "torchao"}
+    runs = {"cp_comm": plan.pricing.cp_comm, "float8_recipe": "torchao"}
     if plan.mesh.device_type == "cuda":
         runs.update(fused=False, attention_kernel="flash2")
     return differences(plan.pricing, "this engine", runs, cp=plan.parallel.cp > 1,

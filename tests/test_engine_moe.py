@@ -8,7 +8,8 @@ Three models, fp32, dropout 0, against a single-process run of the same plan's m
 * a tiny Hugging Face Mixtral built from its config class (experts implementation
   ``"autoplan_capacity"``) with expert parallelism, with ZeRO-2 and with pipeline stages;
 * a tiny Llama-style GPT at sequence 256 with context parallelism, with data and with
-  tensor + sequence parallelism.
+  tensor + sequence parallelism, keys and values all-gathered or (a plan priced for the
+  ring) passed around the ring.
 
 Capacity factor ``E / k`` = 2: no token is dropped, so one process and the sharded runs
 route the same tokens (with dropping, capacity is per rank and the results differ by
@@ -20,10 +21,13 @@ Without processes: the engine's checks for EP / CP plans name the field.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autoplan.errors import ConfigError, PlanError
 from autoplan.models.registry import ModelSpec, resolve
+from autoplan.pricing import Pricing
 from engine.launch import run_local
 from engine.validate import check_engine_support
 from engine_helpers import losses, make_plan, max_rel_diff, run_plans, torchrun
@@ -43,12 +47,15 @@ MIXTRAL = resolve("hf:mixtral", num_hidden_layers=2, hidden_size=32, num_attenti
                   bos_token_id=0, eos_token_id=0, capacity_factor=2.0)
 
 
-def _plan(model: str, **kw):
+def _plan(model: str, cp_comm: str | None = None, **kw):
     if model == "moe":
         return make_plan(model=MOE, **kw)
     if model == "mixtral":
         return make_plan(spec=MIXTRAL, **kw)
-    return make_plan(model=LONG, seq_len=256, global_batch=4, **kw)
+    plan = make_plan(model=LONG, seq_len=256, global_batch=4, **kw)
+    if cp_comm:                       # priced for (and so run with) that exchange
+        plan = replace(plan, pricing=Pricing(cp_comm=cp_comm))
+    return plan
 
 
 WORLD4 = {
@@ -58,8 +65,8 @@ WORLD4 = {
     "mixtral_dp4_ep4_zero2": ("mixtral", dict(dp=4, ep=4, zero=2, num_micro_batches=2)),
     "mixtral_pp2_dp2_ep2": ("mixtral", dict(pp=2, dp=2, ep=2, num_micro_batches=2)),
     "long_dp2_cp2": ("long", dict(dp=2, cp=2)),
-    "long_cp4": ("long", dict(cp=4)),
     "long_cp2_tp2_sp": ("long", dict(cp=2, tp=2, sp=True)),
+    "long_cp4_ring": ("long", dict(cp=4, cp_comm="ring")),
 }
 
 

@@ -353,8 +353,10 @@ def test_fewer_micro_batches_than_stages_is_written_as_gpipe():
 
 # ---- against the uniform planner --------------------------------------------------------------
 
-SC21 = [("gpt-1.7b", 4, 512), ("gpt-3.6b", 8, 512), ("gpt-7.5b", 16, 512),
-        ("gpt-18.4b", 32, 1024), ("gpt-39b", 64, 1536)]
+#: Two of benchmarks/megatron_sc21.py's runs: the smallest, and gpt-18.4b, where the raw
+#: search and the grid differ most (docstring below). benchmarks/search_vs_uniform.py
+#: compares all of them.
+SC21 = [("gpt-1.7b", 4, 512), ("gpt-18.4b", 32, 1024)]
 
 
 @pytest.mark.parametrize("name, nodes, batch", [

@@ -18,11 +18,32 @@ and rank ``r`` holds chunks ``r`` and ``2 cp - 1 - r`` (Llama 3 sec. 3.3.2; Mega
 context parallelism): every rank then does the same attention work.
 
 This module gives the engine-side pieces both the built-in GPT and the cost model share:
-which positions a rank holds, its rows of a batch, and the differentiable all-gather.
+which positions a rank holds, its rows of a batch, the differentiable all-gather, and the
+ring (:func:`ring_attention`).
+
+**The ring as the engine runs it.** Step ``j`` (0 .. cp-1) attends this rank's queries to
+the key/value block of rank ``r - j`` (its own at ``j = 0``), then passes the block on to
+rank ``r + 1`` and receives rank ``r - j - 1``'s (one point-to-point send and receive, keys
+and values in one message). Each step gives a block output ``o_j`` and the log-sum-exp
+``l_j`` of its scores; the blocks combine exactly as FlashAttention's online softmax does
+(Milakov & Gimelshein 2018; Liu et al. 2023, sec. 3)::
+
+    l = logaddexp(l_acc, l_j),   o = exp(l_acc - l) o_acc + exp(l_j - l) o_j
+
+A query row with every key of a block masked (a later chunk's keys) has ``l_j = -inf``
+and contributes nothing. A rank keeps only its own block of keys and values for the
+backward (with its output and log-sum-exp), which passes the blocks around the ring again,
+each travelling with the gradient of its keys and values (:class:`_Ring`): ``cp - 1``
+sends of a ``V_kv / cp`` block forward and ``cp`` of ``2 V_kv / cp`` backward, the pattern
+:func:`autoplan.cost.parallel_dims.context_parallel_time` prices for the ring. This is a reference implementation on explicit matmuls (torch's fused
+attention gives no log-sum-exp with a gradient), and a block's send does not overlap the
+attention of the block in hand: it runs the ring's communication and memory, not a fused
+kernel's speed.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +75,7 @@ class ContextParallel:
     cp: int
     rank: int
     seq_len: int                      # the whole sequence
+    method: str = "all-gather"        # autoplan.pricing.CP_COMMS
 
     def positions(self, device=None) -> torch.Tensor:
         return chunk_positions(self.seq_len, self.cp, self.rank).to(device)
@@ -71,6 +93,152 @@ class ContextParallel:
     def causal_mask(self, device=None) -> torch.Tensor:
         """(local queries, all keys) boolean mask: a query sees keys at or before it."""
         return self.positions(device)[:, None] >= self.all_positions(device)[None, :]
+
+
+def _expand(t: torch.Tensor, rep: int) -> torch.Tensor:
+    """Keys or values (b, kv_heads, s, hd) repeated for ``rep`` query heads each."""
+    return t.repeat_interleave(rep, dim=1) if rep > 1 else t
+
+
+def _probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor,
+           lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities, log-sum-exp) of queries ``q`` (b, heads, sq, hd) over one block of
+    expanded keys (b, heads, sk, hd) under ``mask`` (sq, sk): normalised by the block's own
+    log-sum-exp, or by ``lse`` when given (the whole row's, in the backward). A row with no
+    visible key has log-sum-exp -inf and probabilities 0."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if lse is None:
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    return torch.exp(scores - torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)), lse
+
+
+def _keep(like: torch.Tensor, dropout_p: float) -> torch.Tensor | None:
+    """Attention dropout's scaled keep mask for one block (None without dropout)."""
+    if not dropout_p:
+        return None
+    return torch.empty_like(like).bernoulli_(1.0 - dropout_p) / (1.0 - dropout_p)
+
+
+class _Ring(torch.autograd.Function):
+    """Ring attention (module docstring). The forward keeps only this rank's block of keys
+    and values, its output and log-sum-exp; the backward passes the blocks around the ring
+    again, each with the gradient of its keys and values that the ranks it has visited have
+    added, and a last pass returns every block's gradient to its owner. Per step of the
+    backward (FlashAttention-2's backward, Dao 2023, Algorithm 2, with the row's final
+    log-sum-exp ``l`` and ``D = rowsum(dO * O)``)::
+
+        P = exp(S - l),  dV += (P Z)^T dO,  dP = (dO V^T) Z,  dS = P (dP - D),
+        dQ += dS K / sqrt(d),  dK += dS^T Q / sqrt(d)
+
+    with ``Z`` the block's scaled dropout mask, drawn again from the random state the
+    forward started from."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cp: ContextParallel, dropout_p: float):
+        rng = _rng_state(q.device) if dropout_p else None
+        positions = cp.positions(q.device)
+        rep = q.shape[1] // k.shape[1]
+        kv = torch.stack([k, v])
+        out = lse = None
+        for j in range(cp.cp):
+            if j:
+                kv = _pass(kv, cp.group, 1)
+            probs, l = _probs(q, _expand(kv[0], rep), _visible(cp, j, positions), None)
+            keep = _keep(probs, dropout_p)
+            o = (probs if keep is None else probs * keep) @ _expand(kv[1], rep)
+            if out is None:
+                out, lse = o, l
+            else:
+                new = torch.logaddexp(lse, l)
+                out = torch.exp(lse - new) * out + torch.exp(l - new) * o
+                lse = new
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.cp, ctx.dropout_p, ctx.rng = cp, dropout_p, rng
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        cp, dropout_p = ctx.cp, ctx.dropout_p
+        positions = cp.positions(q.device)
+        rep = q.shape[1] // k.shape[1]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        delta = (grad * out).sum(dim=-1, keepdim=True)
+        dq = torch.zeros_like(q)
+        kv, dkv = torch.stack([k, v]), torch.zeros((2, *k.shape), dtype=k.dtype,
+                                                    device=k.device)
+        with torch.random.fork_rng(devices=[q.device] if q.device.type == "cuda" else [],
+                                   enabled=bool(dropout_p)):
+            if dropout_p:
+                _set_rng_state(q.device, ctx.rng)
+            for j in range(cp.cp):
+                if j:
+                    kv, dkv = _pass(torch.stack([kv, dkv]), cp.group, 1).unbind(0)
+                keys, values = _expand(kv[0], rep), _expand(kv[1], rep)
+                probs, _ = _probs(q, keys, _visible(cp, j, positions), lse)
+                keep = _keep(probs, dropout_p)
+                dprobs = grad @ values.transpose(-2, -1)
+                dv = (probs if keep is None else probs * keep).transpose(-2, -1) @ grad
+                if keep is not None:
+                    dprobs = dprobs * keep
+                dscores = probs * (dprobs - delta) * scale
+                dq += dscores @ keys
+                dk = dscores.transpose(-2, -1) @ q
+                dkv = dkv + torch.stack([_fold(dk, rep), _fold(dv, rep)])
+        dkv = _pass(dkv, cp.group, 1)            # each block's gradient home to its owner
+        return dq, dkv[0], dkv[1], None, None
+
+
+def _visible(cp: ContextParallel, step: int, positions: torch.Tensor) -> torch.Tensor:
+    """(local queries, keys of the block in hand at ``step``) causal mask: the block of
+    rank ``rank - step``."""
+    keys = chunk_positions(cp.seq_len, cp.cp, (cp.rank - step) % cp.cp).to(positions.device)
+    return positions[:, None] >= keys[None, :]
+
+
+def _fold(t: torch.Tensor, rep: int) -> torch.Tensor:
+    """A gradient over expanded key/value heads (b, heads, s, hd) summed back onto the
+    ``heads / rep`` key/value heads it was repeated from."""
+    if rep == 1:
+        return t
+    b, h, s, d = t.shape
+    return t.view(b, h // rep, rep, s, d).sum(dim=2)
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: ContextParallel,
+                   dropout_p: float = 0.0) -> torch.Tensor:
+    """Causal attention of this rank's queries ``q`` (b, heads, s/cp, hd) over the whole
+    sequence, the keys and values (b, kv_heads, s/cp, hd) passed around the ring
+    (:class:`_Ring`, module docstring); returns (b, heads, s/cp, hd)."""
+    return _Ring.apply(q, k, v, cp, dropout_p)
+
+
+def _pass(t: torch.Tensor, group, step: int) -> torch.Tensor:
+    """``t`` sent ``step`` ranks on around ``group``; the tensor received from ``step``
+    ranks back. One batched send + receive, waited for before returning (blocking, like
+    :class:`_GatherAlong`)."""
+    import torch.distributed as dist
+
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    t = t.contiguous()
+    out = torch.empty_like(t)
+    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, (me + step) % n), group),
+           dist.P2POp(dist.irecv, out, dist.get_global_rank(group, (me - step) % n), group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return out
 
 
 class _GatherAlong(torch.autograd.Function):

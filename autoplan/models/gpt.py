@@ -111,6 +111,12 @@ class Attention(nn.Module):
             q = _rotary(q, cfg.rope_theta, positions)
             k = _rotary(k, cfg.rope_theta, positions)
         mask = None
+        if self.cp is not None and self.cp.method == "ring":    # blocks passed around
+            from autoplan.models.context_parallel import ring_attention
+
+            y = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                               self.cp, cfg.dropout if self.training else 0.0)
+            return self.resid_drop(self.o(y.transpose(1, 2).reshape(b, s, -1)))
         if self.cp is not None:          # keys and values of the whole sequence
             k, v = self.cp.gather(k, 1), self.cp.gather(v, 1)
             mask = self.cp.causal_mask(x.device)
@@ -222,13 +228,19 @@ class GPT(nn.Module):
             p.copy_(self.init_value(name, p.shape, generator=gen).to(device=p.device,
                                                                     dtype=p.dtype))
 
-    def shard_sequence(self, group, seq_len: int) -> None:
+    def shard_sequence(self, group, seq_len: int, method: str = "all-gather") -> None:
         """Context parallelism over ``group``: this model's inputs are then this rank's
         tokens (:func:`autoplan.models.context_parallel.shard_rows` of sequences of
-        ``seq_len``), and attention all-gathers keys and values (module docstring there)."""
+        ``seq_len``), and attention all-gathers keys and values or passes them around the
+        ring, as ``method`` (:data:`autoplan.pricing.CP_COMMS`) says (module docstring
+        there)."""
         from autoplan.models.context_parallel import ContextParallel
+        from autoplan.pricing import CP_COMMS
 
-        cp = ContextParallel(group, group.size(), group.rank(), seq_len)
+        if method not in CP_COMMS:
+            raise ValueError(f"context-parallel exchange must be one of {CP_COMMS}, "
+                             f"got {method!r}")
+        cp = ContextParallel(group, group.size(), group.rank(), seq_len, method)
         for block in self.blocks.values():
             block.attn.cp = cp
 
