@@ -52,6 +52,7 @@ from autoplan.cost.calibration import (TERMS, Calibration, calibration_path, des
 from autoplan.errors import ConfigError
 from autoplan.plan import Plan, Prediction
 from autoplan.precision import PRECISIONS, priced_as
+from autoplan.user_files import read_text
 
 SUMMARY, METRICS = "summary.json", "metrics.jsonl"
 
@@ -78,10 +79,14 @@ def _read_json(path: Path) -> Any:
         raise ConfigError("no such file (is this a run directory written by `autoplan run` "
                           "/ engine.run?)", source=str(path))
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not valid JSON (line {exc.lineno}: {exc.msg})",
                           source=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read ({exc.strerror})", source=str(path)) from None
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise ConfigError(f"not valid JSON ({type(exc).__name__})", source=str(path)) from None
 
 
 def _number(d: Any, key: str, source: Path, where: str) -> float:
@@ -97,7 +102,12 @@ def _timed_steps(path: Path, warmup: int) -> list[float]:
         raise ConfigError("no such file (the engine writes one line per step)",
                           source=str(path))
     times = []
-    lines = path.read_text().splitlines()
+    try:
+        lines = read_text(path).splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read ({exc.strerror})", source=str(path)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("not UTF-8 text", source=str(path)) from None
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue

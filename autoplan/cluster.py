@@ -521,7 +521,7 @@ def load_cluster(name_or_path: str | os.PathLike, *, nodes: int | None = None,
     text = os.fspath(name_or_path)
     if _looks_like_path(text):
         path, shown = Path(text), text
-        if not _is_file(path):
+        if not path.exists():
             raise ConfigError("no such file", source=shown)
     else:
         path, shown = root / "clusters" / f"{text}.yaml", f"clusters/{text}.yaml"

@@ -85,6 +85,7 @@ from autoplan.plan_parts import (MESH_AXES, SCHEDULES, MemoryBreakdown,  # noqa:
 from autoplan.precision import PLAN_KEYS as PRECISION_KEYS
 from autoplan.precision import from_plan
 from autoplan.trust import check_plan_names
+from autoplan.user_files import read_bytes
 
 PLAN_FORMAT = "autoplan.plan"
 LAYOUTS = ("uniform", "stages")
@@ -384,7 +385,7 @@ class Plan:
         (and the field, when the text is a JSON object)."""
         path = Path(path)
         try:
-            raw = path.read_bytes()
+            raw = read_bytes(path)
         except OSError as exc:
             raise PlanError(f"{path}: cannot read plan ({exc.strerror or exc})") from None
         try:

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from autoplan.errors import ConfigError
+from autoplan.user_files import read_bytes
 
 
 def profiles_root(profiles_dir: str | os.PathLike | None = None) -> Path:
@@ -74,7 +75,7 @@ def _flow_depth_exceeded(text: str, limit: int = MAX_FLOW_DEPTH) -> int | None:
 def read_yaml(path: Path, shown: str) -> dict[str, Any]:
     """Parse a YAML mapping; syntax errors become ConfigError with the line and column."""
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path)
     except OSError as exc:
         raise ConfigError(f"cannot read ({exc.strerror})", source=shown) from None
     try:

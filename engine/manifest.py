@@ -26,6 +26,7 @@ from typing import Any
 
 from autoplan.errors import AutoplanError
 from autoplan.fingerprints import plan_fingerprint  # noqa: F401 - re-exported for checkpoint
+from autoplan.user_files import check_regular, read_text
 
 MANIFEST = "manifest.json"
 FORMAT = "autoplan.checkpoint"
@@ -41,9 +42,11 @@ class CheckpointMismatch(CheckpointError):
 
 
 def file_digest(path: Path) -> tuple[int, str]:
-    """(size in bytes, SHA-256 hex) of ``path``."""
+    """(size in bytes, SHA-256 hex) of regular file ``path`` (OSError for a pipe or a
+    device, which could block or never end)."""
     h = hashlib.sha256()
     size = 0
+    check_regular(path)
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
@@ -86,7 +89,7 @@ def read_manifest(step_dir: Path) -> dict[str, Any]:
     wrong."""
     path = Path(step_dir) / MANIFEST
     try:
-        doc = json.loads(path.read_bytes().decode("utf-8"))
+        doc = json.loads(read_text(path))
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing (not a complete checkpoint, or written by an "
                               "autoplan without manifests)") from None

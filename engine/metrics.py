@@ -148,7 +148,13 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     is damage, not a crash: a ConfigError naming the file and line."""
     from autoplan.errors import ConfigError
 
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    from autoplan.user_files import check_regular
+
+    try:                  # a pipe or device in the run directory would block or never end
+        check_regular(path)
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"cannot read ({exc.strerror})", source=str(path)) from None
     lines = text.split("\n")
     records, note = [], None
     for i, line in enumerate(lines, 1):

@@ -13,10 +13,12 @@ training script around :func:`autoplan.parallelize` instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +32,22 @@ from autoplan.planner.build import build_plan
 from autoplan.trace import trace
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """TimeoutError if the block runs longer than ``seconds`` (SIGALRM; the main thread
+    only): a test of something that must not block fails instead of hanging the suite."""
+    def expire(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 #: A GPT small enough for 20-step parity runs on 4 CPU ranks sharing 2 cores.
 TINY = dict(vocab_size=128, seq_len=32, hidden=32, layers=4, heads=4, attention="sdpa",

@@ -21,7 +21,7 @@ from engine.manifest import (MANIFEST, CheckpointError, CheckpointMismatch, choo
                              plan_fingerprint, verify, write_manifest)
 from engine.metrics import read_metrics, truncate_metrics
 from engine.rundir import check_unlocked, hold
-from engine_helpers import engine_env, make_plan
+from engine_helpers import deadline, engine_env, make_plan
 
 STEPS = ["--steps", "4", "--checkpoint-every", "2", "--memory", "off", "--log-every", "4"]
 
@@ -70,12 +70,17 @@ FILE_KINDS = ["__0_0.distcp", ".metadata", "train_state/rank00000.pt", MANIFEST]
 
 
 @pytest.mark.parametrize("name", FILE_KINDS)
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "append"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "append", "fifo", "device"])
 def test_damage_falls_back_to_the_previous_checkpoint(real, tmp_path, name, damage):
+    """A file damaged, or replaced by a named pipe (opening it would block) or a link to a
+    device that never ends: an error for that checkpoint, the previous one resumed."""
     root, plan = _copy(real, tmp_path)
     target = root / "step_00000004" / name
     data = bytearray(target.read_bytes())
-    if damage == "flip":
+    if damage in ("fifo", "device"):
+        target.unlink()
+        os.mkfifo(target) if damage == "fifo" else target.symlink_to("/dev/zero")
+    elif damage == "flip":
         data[len(data) // 2] ^= 0x10
         target.write_bytes(bytes(data))
     elif damage == "truncate":
@@ -84,9 +89,10 @@ def test_damage_falls_back_to_the_previous_checkpoint(real, tmp_path, name, dama
         target.write_bytes(bytes(data) + b"\0")
     else:
         target.unlink()
-    with pytest.raises(CheckpointError):
-        verify(root / "step_00000004", step=4, **_ids(plan))
-    found, notes = choose(_steps(root), **_ids(plan))
+    with deadline(60):                   # a regression fails instead of hanging
+        with pytest.raises(CheckpointError):
+            verify(root / "step_00000004", step=4, **_ids(plan))
+        found, notes = choose(_steps(root), **_ids(plan))
     assert found == (2, root / "step_00000002")
     assert len(notes) == 1 and "step_00000004" in notes[0]
 

@@ -94,3 +94,50 @@ def test_nan_is_never_written_by_set(tmp_path):
         _parse_value("NaN")
     assert _parse_value("[1, 2]") == [1, 2] and _parse_value("abc") == "abc"
     assert math.isfinite(_parse_value("1e308"))
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "too-large"])
+def test_files_users_pass_are_regular_and_bounded(tmp_path, monkeypatch, capsys, kind):
+    """A plan, cluster YAML, profile, Hugging Face config or nodes file that is a named
+    pipe (opening it blocks), a link to a device that never ends, a directory, or a file
+    over the size limit: one line naming the file, at once (autoplan.user_files)."""
+    import os
+
+    from autoplan import user_files
+    from autoplan.cli import main
+    from autoplan.multinode.torchrun import read_hosts
+    from autoplan.profile.files import read_json
+    from engine_helpers import deadline
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(user_files, "MAX_BYTES", 1000)
+    for name in ("plan.json", "cluster.yaml", "config.json", "hosts"):
+        path = tmp_path / name
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "device":
+            path.symlink_to("/dev/zero")
+        elif kind == "directory":
+            path.mkdir()
+        else:
+            path.write_text(" " * 1001)
+    why = {"fifo": "a named pipe, not a regular file", "device": "a character device",
+           "directory": "a directory, not a regular file", "too-large": "larger than 1,000"}
+    with deadline(60):
+        assert main(["show", "plan.json"]) == 2
+        assert main(["plan", "gpt-tiny", "--cluster", "cluster.yaml", "--global-batch",
+                     "8"]) == 2
+        assert main(["plan", "hf:config.json", "--cluster", "dgx-a100", "--global-batch",
+                     "8"]) == 2
+        errors = capsys.readouterr().err.strip().splitlines()
+        for error, name in zip(errors, ("plan.json", "cluster.yaml", "config.json")):
+            said = why[kind]
+            if kind == "directory" and name == "config.json":   # hf:DIR reads DIR/config.json
+                said = "No such file"
+            assert error.startswith(f"error: {name}") and said in error, errors
+        assert len(errors) == 3, errors
+        with pytest.raises(ConfigError, match=f"plan.json.*{why[kind]}"):
+            read_json(tmp_path / "plan.json")
+        from autoplan.errors import AutoplanError
+        with pytest.raises(AutoplanError, match=f"hosts.*{why[kind]}"):
+            read_hosts(tmp_path / "hosts", 1)

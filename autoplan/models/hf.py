@@ -50,6 +50,7 @@ from autoplan.models.hf_fields import (DROP_KEYS, MAX_NESTING, check_nesting,
                                        text_config, text_key)
 from autoplan.models.moe import config_value, use_capacity_experts
 from autoplan.models.registry import MAX_LAYERS, MAX_SIZE, ModelSpec, guarded
+from autoplan.user_files import read_text
 
 _ATTN = ("eager", "sdpa")
 _DROP_KEYS = DROP_KEYS
@@ -305,7 +306,7 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
     if path.suffix == ".json" or path.is_dir():
         file = path / "config.json" if path.is_dir() else path
         try:
-            base = json.loads(file.read_text())
+            base = json.loads(read_text(file))
         except (OSError, ValueError) as exc:      # unreadable, not UTF-8, not JSON
             raise ConfigError(f"cannot read a config: {' '.join(str(exc).split())}"[:300],
                               source=str(file)) from None

@@ -28,6 +28,7 @@ from typing import Sequence
 from autoplan.errors import AutoplanError, ConfigError
 from autoplan.plan import Plan
 from autoplan.trust import check_host
+from autoplan.user_files import read_text
 
 DEFAULT_PORT = 29500
 HEAD_PLACEHOLDER = "${MASTER_ADDR:?set MASTER_ADDR to the head node address}"
@@ -97,7 +98,7 @@ def read_hosts(path: str | os.PathLike, nodes: int) -> tuple[list[str], list[str
     """(the first ``nodes`` hosts of a nodes file, notes). One host per line; blank lines and
     '#' comments are skipped; LaunchError if there are fewer than ``nodes``."""
     try:
-        text = Path(path).read_text()
+        text = read_text(path)
     except OSError as exc:
         raise LaunchError(f"{path}: cannot read nodes file ({exc.strerror})") from None
     hosts = [line.split("#", 1)[0].strip() for line in text.splitlines()]

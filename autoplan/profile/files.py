@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 from autoplan.errors import ConfigError
 from autoplan.graph import TensorMeta
 from autoplan.plan_fields import DuplicateKey, atomic_write_text, no_duplicates
+from autoplan.user_files import read_bytes
 
 PROFILE_VERSION = 1
 PROVENANCE_KINDS = ("measured", "published")
@@ -201,7 +202,7 @@ def read_json(path: str | os.PathLike) -> Any:
     """
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_bytes(path)
     except FileNotFoundError:
         raise ProfileError("no such profile file", source=str(path)) from None
     except OSError as exc:
