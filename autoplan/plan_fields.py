@@ -187,6 +187,24 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return atomic_write(path, data, "wb")
 
 
+def _write_through(path: Path, content: str | bytes, mode: str) -> None:
+    """Write to a device or a pipe as it is. A named pipe nobody reads is refused (opening
+    it for writing would block until a reader came); errors name the path."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "a named pipe that no process reads",
+                          str(path)) from None
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    os.set_blocking(fd, True)
+    try:
+        with os.fdopen(fd, mode) as f:
+            f.write(content)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
 def atomic_write(path: str | os.PathLike, content: str | bytes, mode: str) -> Path:
     """A regular file (or a new one) is replaced atomically. A path that names a device or
     a pipe (``-o /dev/null``, ``/dev/stdout``), directly or through a symlink, is written
@@ -200,8 +218,7 @@ def atomic_write(path: str | os.PathLike, content: str | bytes, mode: str) -> Pa
         mode_bits = None
     if mode_bits is not None and not stat.S_ISREG(mode_bits):
         if stat.S_ISCHR(mode_bits) or stat.S_ISFIFO(mode_bits):
-            with open(path, mode) as f:
-                f.write(content)
+            _write_through(path, content, mode)
             return path
         raise OSError(errno.EEXIST, "exists and is not a regular file; not replacing it",
                       str(path))

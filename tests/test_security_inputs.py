@@ -141,3 +141,23 @@ def test_files_users_pass_are_regular_and_bounded(tmp_path, monkeypatch, capsys,
         from autoplan.errors import AutoplanError
         with pytest.raises(AutoplanError, match=f"hosts.*{why[kind]}"):
             read_hosts(tmp_path / "hosts", 1)
+
+
+def test_writing_to_a_pipe_nobody_reads_or_a_full_device_is_one_line(tmp_path, capsys):
+    """``-o`` naming a named pipe with no reader is refused at once instead of blocking;
+    a device that fails the write (``/dev/full``) is named in the error."""
+    import os
+
+    from autoplan.cli import main
+    from engine_helpers import deadline
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with deadline(60):
+        assert main(["plan", "gpt-tiny", "--cluster", "local-cpu", "--global-batch", "8",
+                     "-o", str(pipe)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {pipe}: a named pipe that no process reads"
+    if os.path.exists("/dev/full"):
+        assert main(["plan", "gpt-tiny", "--cluster", "local-cpu", "--global-batch", "8",
+                     "-o", "/dev/full"]) == 2
+        assert capsys.readouterr().err.strip().startswith("error: /dev/full: ")
