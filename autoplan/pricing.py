@@ -111,7 +111,8 @@ class Pricing:
 _MEANING = {
     "fused": {True: "fused element-wise kernels", False: "eager (unfused) element-wise kernels"},
     "attention_kernel": {"flash2": "FlashAttention-2 (torch's scaled_dot_product_attention)",
-                         "cudnn": "cuDNN's fused attention"},
+                         "cudnn": "cuDNN's fused attention",
+                         "matmul": "attention as explicit matmuls (its context-parallel ring)"},
     "cp_comm": {"all-gather": "an all-gather of keys and values per layer",
                 "ring": "a context-parallel ring"},
     "float8_recipe": {"torchao": "torchao's float8 casts",

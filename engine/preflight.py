@@ -147,8 +147,9 @@ def pricing_gaps(plan: Any) -> list[str]:
     """Where this engine runs the plan otherwise than its prediction was priced
     (``plan.pricing``, :func:`autoplan.pricing.differences`): notes for the user, not errors.
     The engine runs context parallelism as priced (all-gather or ring) and torchao's float8
-    casts everywhere; on GPUs eager PyTorch and torch's scaled_dot_product_attention as well
-    (on CPU ranks the cost model prices no fusion or fused attention rate)."""
+    casts everywhere; on GPUs eager PyTorch and torch's scaled_dot_product_attention as well,
+    or under the ring attention as explicit matmuls (on CPU ranks the cost model prices no
+    fusion or fused attention rate)."""
     from autoplan.precision import float8_gemms
     from autoplan.pricing import differences
 
@@ -156,6 +157,7 @@ def pricing_gaps(plan: Any) -> list[str]:
         return []
     runs = {"cp_comm": plan.pricing.cp_comm, "float8_recipe": "torchao"}
     if plan.mesh.device_type == "cuda":
-        runs.update(fused=False, attention_kernel="flash2")
+        ring = plan.parallel.cp > 1 and plan.pricing.cp_comm == "ring"
+        runs.update(fused=False, attention_kernel="matmul" if ring else "flash2")
     return differences(plan.pricing, "this engine", runs, cp=plan.parallel.cp > 1,
                        float8=float8_gemms(plan.precision))

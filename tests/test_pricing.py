@@ -130,7 +130,8 @@ def test_the_engine_names_where_it_runs_the_plan_otherwise_than_priced(ring_cudn
 
     gaps = pricing_gaps(ring_cudnn)
     assert any("cuDNN" in g for g in gaps)
-    assert not any("ring" in g for g in gaps)         # the engine runs the ring it priced
+    assert not any("assumed a context-parallel ring" in g for g in gaps)  # runs the ring
+    assert any("explicit matmuls" in g for g in gaps)  # ... on matmuls, not a fused kernel
     assert any("eager" in g for g in gaps)            # priced fused; the engine runs eager
     assert not any("ring" in g or "cuDNN" in g for g in pricing_gaps(defaults))
     assert pricing_gaps(replace(defaults, pricing=None)) == []
