@@ -1,7 +1,7 @@
 """Loss parity: every parallel layout trains like one process (fp32, 20 steps, dropout 0).
 
 Each layout's per-step losses must match the single-process run's to 1e-4 relative at every
-step. The reference runs once per model (through ``engine.launch.run_local``); the layouts of
+step. The references (one per model) run in one single-process launch; the layouts of
 one world size share one torchrun launch (``tests/engine_helpers.py``) to keep the suite fast
 on a 2-core machine. The reference loss must also fall clearly, so matching it means matching
 real learning, not noise.
@@ -14,7 +14,6 @@ import json
 import pytest
 
 from autoplan.plan import MemoryBreakdown, Prediction, TimeBreakdown
-from engine.launch import run_local
 from engine_helpers import TINY_LLAMA, TINY_LLAMA_FUSED, losses, make_plan, max_rel_diff, run_plans
 
 pytestmark = pytest.mark.multiproc
@@ -65,12 +64,11 @@ def reference(tmp_path_factory):
     """Single-process runs: the built-in GPT, its Llama-style twin and that twin with a fused
     q/k/v projection."""
     out = tmp_path_factory.mktemp("reference")
-    refs = {}
-    for name, model in (("gpt", None), ("llama", TINY_LLAMA), ("llama_fused", TINY_LLAMA_FUSED)):
-        path = make_plan(model=model).save(out / f"{name}.json")
-        code = run_local(path, steps=STEPS, out_dir=out / name, extra_args=OPTIONS)
-        assert code == 0
-        refs[name] = losses(out / name)
+    singles = {"gpt": make_plan(), "llama": make_plan(model=TINY_LLAMA),
+               "llama_fused": make_plan(model=TINY_LLAMA_FUSED)}
+    done = run_plans(1, out, singles, steps=STEPS, extra=OPTIONS)          # one launch
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    refs = {name: losses(out / name) for name in singles}
     for ref in refs.values():
         assert sorted(ref) == list(range(1, STEPS + 1))
         assert ref[STEPS] < ref[1] - 0.3          # it learns: parity is not trivial

@@ -9,7 +9,6 @@ import pytest
 from autoplan.models.registry import ModelSpec
 from engine import model as model_lib
 from engine.float8 import convert_float8
-from engine.launch import run_local
 from engine_helpers import TINY, TINY_LLAMA, losses, make_plan, max_rel_diff, run_plans
 
 pytest.importorskip("torchao", reason="mixed-fp8 runs need torchao (the test extra has it)")
@@ -35,11 +34,10 @@ def test_the_blocks_linear_layers_and_only_they_become_float8(model, per_block):
 
 @pytest.mark.multiproc
 def test_float8_runs_train_like_one_float8_process(tmp_path):
-    ref = {}
-    for name, prec in (("fp8", FP8), ("bf16", BF16)):
-        path = make_plan(precision=prec).save(tmp_path / f"{name}.json")
-        assert run_local(path, steps=STEPS, out_dir=tmp_path / name, extra_args=OPTIONS) == 0
-        ref[name] = losses(tmp_path / name)
+    refs = {"fp8": make_plan(precision=FP8), "bf16": make_plan(precision=BF16)}
+    done = run_plans(1, tmp_path, refs, steps=STEPS, extra=OPTIONS)     # one launch
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
+    ref = {name: losses(tmp_path / name) for name in refs}
     assert ref["fp8"][STEPS] < ref["fp8"][1] - 0.2                # it learns
     assert 0 < max_rel_diff(ref["fp8"], ref["bf16"]) < 2e-2       # float8 is on, and close
     plans = {"dp2_zero3_fp8": make_plan(dp=2, zero=3, precision=FP8),
