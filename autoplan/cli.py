@@ -30,10 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from autoplan.cost.kernel_shape import ATTENTION_KERNELS
-from autoplan.cost.parallel_dims import CP_COMMS
 from autoplan.errors import AutoplanError
 from autoplan.precision import FLOAT8_RECIPES, PRECISIONS
+from autoplan.pricing import ATTENTION_KERNELS, CP_COMMS
 from autoplan.run_command import cmd_run, split_engine_args
 
 EXIT_USER_ERROR = 2
@@ -149,6 +148,9 @@ def _cluster_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
                    help="price element-wise ops as traced, unfused (eager PyTorch: "
                         "autoplan's own engine, torchtitan without torch.compile); default: "
                         "fused, as Megatron-LM's kernels or torch.compile run them")
+    p.add_argument("--fused-loss", action=argparse.BooleanOptionalAction, default=None,
+                   help="price the loss's backward fused (a fused cross-entropy kernel) or "
+                        "with eager PyTorch's two fp32 gradients; default: as --eager says")
     p.add_argument("--float8-recipe", choices=FLOAT8_RECIPES,
                    default="torchao",
                    help="whose float8 casts a mixed-fp8 step pays: torchao's (autoplan's "
@@ -370,6 +372,7 @@ def _prepare(args: argparse.Namespace, check_fits: bool = False):
         problem = prepare(spec, args.cluster, global_batch=args.global_batch,
                           nodes=args.nodes, seq_len=args.seq_len, precision=args.precision,
                           check_fits=check_fits, fused=not getattr(args, "eager", False),
+                          fused_loss=getattr(args, "fused_loss", None),
                           float8_recipe=getattr(args, "float8_recipe", "torchao"),
                           attention_kernel=getattr(args, "attention_kernel", "flash2"),
                           cp_comm=getattr(args, "cp_comm", "all-gather"),

@@ -135,3 +135,21 @@ def test_the_engine_names_where_it_runs_the_plan_otherwise_than_priced(ring_cudn
     assert any("eager" in g for g in gaps)            # priced fused; the engine runs eager
     assert not any("ring" in g or "cuDNN" in g for g in pricing_gaps(defaults))
     assert pricing_gaps(replace(defaults, pricing=None)) == []
+
+
+def test_fused_loss_is_a_command_line_choice_recorded_in_the_plan(capsys):
+    """``--no-fused-loss`` prices the loss's two fp32 gradients (more memory, recorded as
+    ``fused_loss: false``); without the flag the loss follows ``--eager``."""
+    from autoplan.cli import main
+
+    docs = {}
+    for flag in ("--fused-loss", "--no-fused-loss", None):
+        argv = ["estimate", "gpt-small", "--cluster", "dgx-h100", "--global-batch", "64",
+                "--json", *([flag] if flag else [])]
+        assert main(argv) == 0
+        docs[flag] = json.loads(capsys.readouterr().out)
+    assert docs["--fused-loss"]["pricing"]["fused_loss"] is True
+    assert docs["--no-fused-loss"]["pricing"]["fused_loss"] is False
+    assert docs[None]["pricing"]["fused_loss"] is None
+    memory = {f: d["prediction"]["memory_per_device_bytes"]["total"] for f, d in docs.items()}
+    assert memory["--no-fused-loss"] > memory["--fused-loss"] == memory[None]
