@@ -5,6 +5,8 @@ sequence in one process, in float64, on every rank's load-balanced chunks.
 * without dropout: outputs and the gradients of queries, keys and values (grouped-query
   heads, so key/value gradients are folded back) against autograd's through
   ``scaled_dot_product_attention(is_causal=True)``;
+* in bfloat16: within bfloat16's rounding of the float64 answer, outputs and gradients in
+  bfloat16;
 * with dropout: the ring's own gradient against a central finite difference of its output
   along a random direction, the dropout masks drawn again from the same random state.
 
@@ -44,6 +46,17 @@ def main(out: str) -> None:
     errors = {"out": (got - whole.detach()[:, :, mine]).abs().max().item()}
     for name, local, full in (("dq", ql, q), ("dk", kl, k), ("dv", vl, v)):
         errors[name] = (local.grad - full.grad[:, :, mine]).abs().max().item()
+
+    # bfloat16 inputs (the engine's mixed precision): statistics kept in float32, so the
+    # output and gradients stay within bfloat16's rounding of the float64 answer
+    qb, kb, vb = (t.detach().to(torch.bfloat16).requires_grad_() for t in (ql, kl, vl))
+    low = ring_attention(qb, kb, vb, cp)
+    (low.float() * weight[:, :, mine]).sum().backward()
+    scale = whole.detach().abs().max().item()
+    errors["bf16_out"] = (low.double() - whole.detach()[:, :, mine]).abs().max().item() / scale
+    errors["bf16_dq"] = ((qb.grad.double() - q.grad[:, :, mine]).abs().max()
+                         / q.grad.abs().max()).item()
+    errors["bf16_dtypes"] = float(low.dtype != torch.bfloat16 or kb.grad.dtype != torch.bfloat16)
 
     # dropout: d/de f(x + e u) at e = 0 against the gradient, masks replayed
     torch.manual_seed(1 + rank)
