@@ -187,22 +187,19 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return atomic_write(path, data, "wb")
 
 
-def _write_through(path: Path, content: str | bytes, mode: str) -> None:
+def _write_through(path: Path, content: str | bytes, mode: str, fifo: bool) -> None:
     """Write to a device or a pipe as it is. A named pipe nobody reads is refused (opening
-    it for writing would block until a reader came); errors name the path."""
+    it for writing would block until a reader came: opened non-blocking, it fails with
+    ENXIO instead); errors name the path."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:
-            raise OSError(errno.ENXIO, "a named pipe that no process reads",
-                          str(path)) from None
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
-    os.set_blocking(fd, True)
-    try:
+        os.set_blocking(fd, True)
         with os.fdopen(fd, mode) as f:
             f.write(content)
     except OSError as exc:
-        raise OSError(exc.errno, exc.strerror, str(path)) from None
+        why = "a named pipe that no process reads" if fifo and exc.errno == errno.ENXIO \
+            else exc.strerror
+        raise OSError(exc.errno, why, str(path)) from None
 
 
 def atomic_write(path: str | os.PathLike, content: str | bytes, mode: str) -> Path:
@@ -218,7 +215,7 @@ def atomic_write(path: str | os.PathLike, content: str | bytes, mode: str) -> Pa
         mode_bits = None
     if mode_bits is not None and not stat.S_ISREG(mode_bits):
         if stat.S_ISCHR(mode_bits) or stat.S_ISFIFO(mode_bits):
-            _write_through(path, content, mode)
+            _write_through(path, content, mode, fifo=stat.S_ISFIFO(mode_bits))
             return path
         raise OSError(errno.EEXIST, "exists and is not a regular file; not replacing it",
                       str(path))

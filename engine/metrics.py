@@ -147,7 +147,6 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     with a note, since the step it recorded is re-run on resume. A bad line anywhere else
     is damage, not a crash: a ConfigError naming the file and line."""
     from autoplan.errors import ConfigError
-
     from autoplan.user_files import check_regular
 
     try:                  # a pipe or device in the run directory would block or never end

@@ -45,6 +45,7 @@ import torch.nn as nn
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import Plan
 from autoplan.precision import float8_gemms
+from autoplan.pricing import Pricing
 from engine import model as model_lib
 from engine.data_parallel import apply_dp, mp_policy_for
 from engine.expert_parallel import apply_cp, apply_ep, expert_params
@@ -114,7 +115,7 @@ def parallelize_stage(plan: Plan, spec: ModelSpec, stage_index: int, pm: Paralle
         apply_ep(chunk, pm)
     if p.cp > 1:
         apply_cp(chunk, pm, plan.seq_len or model_lib.model_info(spec).max_seq_len,
-                 plan.pricing.cp_comm if plan.pricing else "all-gather")
+                 (plan.pricing or Pricing()).cp_comm)
     if p.tp > 1:                                                                    # 2
         apply_tp(chunk, pm.tp_mesh, plan.param_placements,
                  sequence_parallel=p.sequence_parallel)

@@ -155,7 +155,7 @@ def pricing_gaps(plan: Any) -> list[str]:
 
     if plan.pricing is None:
         return []
-    runs = {"cp_comm": plan.pricing.cp_comm, "float8_recipe": "torchao"}
+    runs = {"float8_recipe": "torchao"}
     if plan.mesh.device_type == "cuda":
         ring = plan.parallel.cp > 1 and plan.pricing.cp_comm == "ring"
         runs.update(fused=False, attention_kernel="matmul" if ring else "flash2")

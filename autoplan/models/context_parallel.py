@@ -77,6 +77,12 @@ class ContextParallel:
     seq_len: int                      # the whole sequence
     method: str = "all-gather"        # autoplan.pricing.CP_COMMS
 
+    def __post_init__(self) -> None:
+        from autoplan.errors import one_of
+        from autoplan.pricing import CP_COMMS
+
+        one_of(self.method, CP_COMMS, "context-parallel exchange")
+
     def positions(self, device=None) -> torch.Tensor:
         return chunk_positions(self.seq_len, self.cp, self.rank).to(device)
 
@@ -150,7 +156,7 @@ class _Ring(torch.autograd.Function):
         out = lse = None
         for j in range(cp.cp):
             if j:
-                kv = _pass(kv, cp.group, 1)
+                kv = _pass(kv, cp.group)
             probs, l = _probs(q, _expand(kv[0], rep), _visible(cp, j, positions), None)
             keep = _keep(probs, dropout_p)
             values = _expand(kv[1], rep)
@@ -184,7 +190,7 @@ class _Ring(torch.autograd.Function):
                 _set_rng_state(q.device, ctx.rng)
             for j in range(cp.cp):
                 if j:
-                    kv, dkv = _pass(torch.stack([kv, dkv]), cp.group, 1).unbind(0)
+                    kv, dkv = _pass(torch.stack([kv, dkv]), cp.group).unbind(0)
                 keys, values = _expand(kv[0], rep).to(dt), _expand(kv[1], rep).to(dt)
                 probs, _ = _probs(q, keys, _visible(cp, j, positions), lse)
                 keep = _keep(probs, dropout_p)
@@ -196,7 +202,7 @@ class _Ring(torch.autograd.Function):
                 dq += (dscores @ keys).to(acc)
                 dk = dscores.transpose(-2, -1) @ q
                 dkv = dkv + torch.stack([_fold(dk.to(acc), rep), _fold(dv.to(acc), rep)])
-        dkv = _pass(dkv, cp.group, 1)            # each block's gradient home to its owner
+        dkv = _pass(dkv, cp.group)            # each block's gradient home to its owner
         return dq.to(dt), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
 
@@ -235,17 +241,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: Contex
     return _Ring.apply(q, k, v, cp, dropout_p)
 
 
-def _pass(t: torch.Tensor, group, step: int) -> torch.Tensor:
-    """``t`` sent ``step`` ranks on around ``group``; the tensor received from ``step``
-    ranks back. One batched send + receive, waited for before returning (blocking, like
+def _pass(t: torch.Tensor, group) -> torch.Tensor:
+    """``t`` sent to the next rank of ``group``; the tensor the previous rank sent. One
+    batched send + receive, waited for before returning (blocking, like
     :class:`_GatherAlong`)."""
     import torch.distributed as dist
 
     n, me = dist.get_world_size(group), dist.get_rank(group)
     t = t.contiguous()
     out = torch.empty_like(t)
-    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, (me + step) % n), group),
-           dist.P2POp(dist.irecv, out, dist.get_global_rank(group, (me - step) % n), group)]
+    ops = [dist.P2POp(dist.isend, t, dist.get_global_rank(group, (me + 1) % n), group),
+           dist.P2POp(dist.irecv, out, dist.get_global_rank(group, (me - 1) % n), group)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     return out
