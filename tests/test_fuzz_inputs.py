@@ -19,6 +19,7 @@ from autoplan.cluster import Cluster, load_cluster
 from autoplan.errors import ConfigError, UnknownNameError
 from autoplan.profile.files import ProfileError
 from autoplan.profile.store import LinkProfile, OpProfile
+from engine_helpers import deadline
 from fuzz_helpers import (PROFILES, Tally, profile_seeds, run_cluster_fuzz, run_profile_fuzz,
                           scratch_dir)
 
@@ -58,14 +59,31 @@ def test_fuzz_op_and_link_profiles(tmp_path):
     (b"name: x\nnodes: " + b"9" * 5000 + b"\n", "a value cannot be read"),
     (b"? [a, b]\n: 1\n", "a key must be a plain value"),
     (b"name: x\nsince: 2020-13-45\n", "a value cannot be read"),
+    # nine anchors of ten aliases each: 10^9 values from 400 bytes (was: memory grew
+    # without bound, 3 GB in a minute)
+    (b"name: x\ndescription: [" + b", ".join(
+        b"&a%d [%s]" % (i, b", ".join([b"*a%d" % (i - 1) if i else b"x"] * 10))
+        for i in range(9)) + b"]\n", "more than 100,000 values once its aliases"),
+    (b"name: x\ndescription: &a [x, *a]\n", "line 2: an alias (*name) inside its own"),
 ], ids=["not-utf8", "deep-brackets", "deep-block-sequence", "huge-int", "list-key",
-        "bad-date"])
+        "bad-date", "alias-bomb", "alias-cycle"])
 def test_unreadable_cluster_yaml_is_a_config_error(tmp_path, body, needle):
     path = tmp_path / "c.yaml"
     path.write_bytes(body)
-    with pytest.raises(ConfigError) as info:
+    with deadline(60), pytest.raises(ConfigError) as info:
         load_cluster(str(path))
     assert str(path) in str(info.value) and needle in str(info.value)
+
+
+def test_a_cluster_file_may_still_use_anchors_and_aliases(tmp_path):
+    """The alias bound above refuses expansions, not aliases: a value written once and
+    reused loads as if written out twice."""
+    text = _preset().replace("latency_us: 1.0", "latency_us: &lat 1.0", 1)
+    assert "latency_us: 5.0" in text
+    path = tmp_path / "c.yaml"
+    path.write_text(text.replace("latency_us: 5.0", "latency_us: *lat", 1))
+    cluster = load_cluster(str(path))
+    assert cluster.inter_node.latency_us == cluster.intra_node.latency_us == 1.0
 
 
 def _preset(name: str = "dgx-a100") -> str:
