@@ -72,6 +72,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
         "layout": plan.layout,
         "comparison": plan.comparison,
         "pricing": plan.pricing.to_dict() if plan.pricing is not None else None,
+        "distinct_devices": plan.distinct_devices(),
     }
 
 
@@ -156,6 +157,26 @@ def planner_line(plan: Plan) -> str:
     return f"planner: {name}"
 
 
+def repeated_work_line(plan: Plan) -> str | None:
+    """'warning: ...' when fewer nodes would hold the work some devices only repeat, 'note:
+    ...' when some repeat it but every node is needed; None when none repeat."""
+    distinct, world = plan.distinct_devices(), plan.world_size
+    if distinct >= world:
+        return None
+    where = [f"stage {s.index} on " + ", ".join(f"{a} x{n}" for a, n in s.repeated_axes().items())
+             for s in plan.stages if s.repeated_axes()]
+    said = (f"{distinct:,} of the {world:,} devices do distinct work; the others repeat it "
+            f"({'; '.join(where[:3])}{'; ...' if len(where) > 3 else ''})")
+    per_node = plan.cluster.get("devices_per_node") or 1
+    nodes = -(-distinct // per_node)
+    if nodes >= (plan.cluster.get("nodes") or 1):
+        return f"[bold]note[/bold]: {said}"
+    return (f"[yellow]warning[/yellow]: only {said}: the global batch of {plan.global_batch} "
+            f"and the model cannot be split further. {nodes:,} node{'s' if nodes > 1 else ''} "
+            f"({nodes * per_node:,} devices) can hold the same work: plan again with "
+            f"--nodes {nodes}.")
+
+
 def _ms(seconds: float) -> str:
     """Milliseconds, three significant digits, never in exponent form: 1040, 6.84, 0."""
     ms = 1e3 * seconds
@@ -182,6 +203,9 @@ def print_plan(plan: Plan, console: Console | None = None, *, title: str = "plan
                   + ("" if plan.layout == "uniform" else
                      "  [yellow]stages on submeshes of their own shapes[/yellow]"))
     console.print(f"  {planner_line(plan)}", highlight=False)
+    repeated = repeated_work_line(plan)
+    if repeated:
+        console.print(f"  {repeated}", highlight=False)
     if float8_gemms(plan.precision):
         console.print("  precision: mixed-fp8 (the blocks' linear layers in float8, the rest "
                       f"in {plan.precision.get('compute')}; MFU against the "

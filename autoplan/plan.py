@@ -129,6 +129,19 @@ class Plan:
     def world_size(self) -> int:
         return self.mesh.size
 
+    def distinct_devices(self) -> int:
+        """Devices doing work no other device repeats: each stage's submesh less the copies
+        along its :meth:`Stage.repeated_axes` (the whole world where none repeat)."""
+        total = 0
+        for st in self.stages:
+            size = 1
+            for n in st.mesh_shape:
+                size *= n
+            for n in st.repeated_axes().values():
+                size //= n
+            total += size
+        return min(total, self.world_size) if self.stages else self.world_size
+
     def label(self) -> str:
         """The configuration as its placements make it: ``parallel.label()``, except that a
         ``tp`` axis along which no weight is sharded is not tensor parallelism and says so

@@ -163,6 +163,18 @@ class Stage:
     activation_placements: dict[str, dict[str, str]] = field(default_factory=dict)
     predicted: dict[str, Any] = field(default_factory=dict)
 
+    def repeated_axes(self) -> dict[str, int]:
+        """Axes (name -> size) along which this stage's ranks all do the same work: not a
+        data axis, and every op whose placement the search chose is ``Replicate()`` on it,
+        so no op's work is split along it (a parameter sharded there saves memory, not
+        time). Empty where the stage records no placements (a uniform plan)."""
+        if not self.activation_placements:
+            return {}
+        return {axis: size for axis, size in zip(self.axis_names, self.mesh_shape)
+                if size > 1 and axis not in self.data_axes
+                and all(p.get(axis, "Replicate()") == "Replicate()"
+                        for p in self.activation_placements.values())}
+
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryBreakdown:

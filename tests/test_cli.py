@@ -196,3 +196,22 @@ def test_run_options_after_the_plan_are_runs_own(monkeypatch, tmp_path, argv, st
     assert seen == {"plan": "p.json", "steps": steps,
                     "out": out if out is not None else str(Path("runs") / "p"),
                     "extra": extra}
+
+
+def test_a_cluster_the_batch_cannot_feed_says_which_devices_repeat_work(tmp_path, capsys):
+    """Global batch 8 on 64 nodes: the search's plan keeps a 64-way axis on which every op
+    is replicated, so 504 of the 512 devices repeat the work of the other 8. The plan says
+    so (``distinct_devices``; ``show`` warns and names the node count that holds the work),
+    and planning again on that many nodes predicts the same step time."""
+    out = tmp_path / "plan.json"
+    big = _json(capsys, ["plan", "gpt-tiny", "--cluster", "dgx-a100", "--nodes", "64",
+                         "--global-batch", "8", "-o", str(out), "--json"])
+    assert big["distinct_devices"] == 8
+    assert main(["show", str(out)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "warning: only 8 of the 512 devices do distinct work" in shown
+    assert "plan again with --nodes 1." in shown
+    small = _json(capsys, ["plan", "gpt-tiny", "--cluster", "dgx-a100", "--nodes", "1",
+                           "--global-batch", "8", "--json"])
+    assert small["distinct_devices"] == 8
+    assert small["prediction"]["step_time_s"] <= big["prediction"]["step_time_s"] * (1 + 1e-9)
