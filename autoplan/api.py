@@ -249,15 +249,13 @@ def runnable_space(spec: ModelSpec, space: SearchSpace,
 
     from autoplan.models.capabilities import capabilities
 
-    caps = capabilities(spec)
-    changes: dict = {}
-    if not caps.tensor_parallel:
-        changes["tp"] = (1,)
-    if not caps.sequence_parallel:
-        changes["sequence_parallel"] = (False,)
-    if not caps.pipeline:
-        changes["pp"] = (1,)
     from autoplan.capability import adapted
+
+    caps = capabilities(spec)
+    changes: dict = {key: value for key, value, allowed in (
+        ("tp", (1,), caps.tensor_parallel), ("sequence_parallel", (False,),
+                                             caps.sequence_parallel),
+        ("pp", (1,), caps.pipeline), ("cp", (1,), caps.context_parallel)) if not allowed}
 
     if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines,
         changes["tp_with_pp"] = False           # and no interleaved schedule (capability.py)
@@ -580,6 +578,8 @@ def _check_shardable(problem: Problem, p: ParallelConfig) -> None:
             p.sequence_parallel and not caps.sequence_parallel):
         raise ConfigError(f"the engine cannot run this for {problem.spec.name}: {caps.reason}",
                           field="tp" if p.tp > 1 else "pp")
+    if p.cp > 1 and not caps.context_parallel:
+        raise ConfigError(caps.cp_reason, field="cp")
     blocks = len(problem.graph.blocks())
     if p.pp > max(blocks, 1) or p.pp * p.virtual_stages > max(blocks, 1):
         raise ConfigError(f"pp * virtual_stages = {p.pp * p.virtual_stages} exceeds the model's "

@@ -78,6 +78,7 @@ class HFAdapter(ABC):
     no_tp_reason: str = ""
     scaled_init: tuple[str, ...] = ()        # weight-name suffixes drawn with std/sqrt(2·L)
     padded_embedding: str | None = None      # its pad_token_id row starts at zero
+    attention: str = "self_attn"             # a block's attention module
 
     # ---- the stage forward ------------------------------------------------------------------
     @abstractmethod
@@ -198,13 +199,17 @@ class RotaryDecoderAdapter(HFAdapter):
         from transformers.masking_utils import (create_causal_mask,
                                                 create_sliding_window_causal_mask)
 
+        from autoplan.models.capabilities import layer_kinds
+
         config = stage.config
-        kinds = list(getattr(config, "layer_types", None) or [])
-        if not kinds:
-            sliding = getattr(config, "sliding_window", None) is not None
-            kinds = ["sliding_attention" if sliding else "full_attention"] \
-                * config.num_hidden_layers
+        kinds = layer_kinds(config)
         like = _shape_like(hidden, seq_len)
+        cp = getattr(stage, "cp", None)
+        if cp is not None:         # this rank's tokens of the sequence: their own positions,
+            pos = cp.positions(hidden.device).unsqueeze(0)        # masks in the attention
+            rotary = stage.get_submodule("model.rotary_emb")(like, pos)
+            return {"masks": [None] * len(kinds), "position_ids": pos,
+                    "position_embeddings": rotary}
         pos = _positions(hidden, seq_len)
         builders = {"full_attention": create_causal_mask,
                     "sliding_attention": create_sliding_window_causal_mask}
@@ -289,6 +294,32 @@ ARCHITECTURES: Mapping[str, HFAdapter] = MappingProxyType({
     "mixtral": _ROTARY_MOE,
     "qwen3_moe": _ROTARY_MOE,
 })
+
+
+#: The name context-parallel stages give transformers' attention dispatch
+#: (``config._attn_implementation``), registered by :func:`cp_attention_name`.
+CP_ATTENTION = "autoplan_context_parallel"
+
+
+def _cp_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                  value: torch.Tensor, attention_mask: torch.Tensor | None, *,
+                  scaling: float | None = None, dropout: float = 0.0, **_: Any):
+    """transformers' attention-function signature over the whole sequence of a
+    context-parallel group (:func:`autoplan.models.context_parallel.attend`, the exchange
+    the module's ``autoplan_cp`` says); the mask is the group's causal one, not
+    ``attention_mask`` (the adapter builds none). Returns ((b, s/cp, heads, hd), None)."""
+    from autoplan.models.context_parallel import attend
+
+    out = attend(query, key, value, module.autoplan_cp, dropout, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def cp_attention_name() -> str:
+    """:data:`CP_ATTENTION`, registered with transformers' ``AttentionInterface``."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(CP_ATTENTION, _cp_attention)
+    return CP_ATTENTION
 
 
 def adapter_for(model_type: str) -> HFAdapter:

@@ -60,6 +60,7 @@ class HFStage(nn.Module):
         #: the residual stream's sequence shards between stages (tp under sequence
         #: parallelism): a stage without <pre> receives (b, s / sequence_shards, h)
         self.sequence_shards = 1
+        self.cp = None       # ContextParallel, set by shard_sequence
         for name, child in model.named_children():
             self.add_module(name, child)
         parent, attr = _parent(self, adapter.blocks)
@@ -82,6 +83,23 @@ class HFStage(nn.Module):
 
     def initial_buffers(self) -> dict[str, torch.Tensor]:
         return self.adapter.buffers(self)
+
+    def shard_sequence(self, group, seq_len: int, method: str = "all-gather") -> None:
+        """Context parallelism over ``group``, as :meth:`autoplan.models.gpt.GPT.
+        shard_sequence`: this stage's inputs are then this rank's tokens (two chunks of
+        ``seq_len``), rotary positions theirs, and each block's attention exchanges keys
+        and values over the group (:func:`engine.hf_arch.cp_attention_name`)."""
+        from autoplan.models.capabilities import hf_cp_gap
+        from autoplan.models.context_parallel import ContextParallel
+        from engine.hf_arch import cp_attention_name
+
+        gap = hf_cp_gap(self.config.model_type, self.config)
+        if gap:
+            raise PlanError(f"context parallelism: {gap}")
+        self.cp = ContextParallel(group, group.size(), group.rank(), seq_len, method)
+        for block in self.blocks.values():
+            block.get_submodule(self.adapter.attention).autoplan_cp = self.cp
+        self.config._attn_implementation = cp_attention_name()
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids (b, s) on the first stage, else hidden states; returns hidden states,

@@ -111,7 +111,9 @@ def check_standard_mesh(plan: Plan, source: str) -> None:
 def check_expert_context(plan: Plan, spec: ModelSpec, source: str) -> None:
     """What the engine runs of expert and context parallelism (:mod:`engine.expert_parallel`):
     EP over a model's mixture-of-experts layers whose expert counts it divides, without
-    tensor parallelism; CP for the built-in GPT, at a sequence length ``2 · cp`` divides
+    tensor parallelism; CP for the models whose capabilities allow it (the built-in GPT,
+    the Hugging Face rotary decoders without sliding windows), at a sequence length
+    ``2 · cp`` divides
     (load-balanced chunks, :mod:`autoplan.models.context_parallel`)."""
     p = plan.parallel
     if p.ep > 1:
@@ -131,10 +133,11 @@ def check_expert_context(plan: Plan, spec: ModelSpec, source: str) -> None:
             raise PlanError(f"plan {source}: field 'parallel.tp': the engine runs expert "
                             f"parallelism (ep = {p.ep}) with tp = 1, got tp = {p.tp}")
     if p.cp > 1:
-        if spec.source != "builtin" or spec.name != "gpt":
-            raise PlanError(f"plan {source}: field 'parallel.cp': the engine runs context "
-                            f"parallelism for the built-in GPT family, not {spec.source}:"
-                            f"{spec.name}")
+        from autoplan.models.capabilities import capabilities
+
+        caps = capabilities(spec)
+        if not caps.context_parallel:
+            raise PlanError(f"plan {source}: field 'parallel.cp': {caps.cp_reason}")
         seq = plan.seq_len or model_lib.model_info(spec).max_seq_len
         if seq % (2 * p.cp):
             raise PlanError(f"plan {source}: field 'seq_len': context parallelism cuts each "

@@ -276,6 +276,13 @@ def test_capabilities_match_what_the_engine_accepts(name):
             assert caps.reason in str(exc.value) and str(exc.value).startswith("plan p.json")
     assert (caps.reason == "") == (caps.tensor_parallel and caps.pipeline)
     check_engine_support(make_plan(spec=spec, dp=2, zero=3), spec, "p.json")
+    plan = make_plan(spec=spec, dp=2, cp=2)                    # context parallelism
+    if caps.context_parallel:
+        check_engine_support(plan, spec, "p.json")
+    else:
+        with pytest.raises(PlanError) as exc:
+            check_engine_support(plan, spec, "p.json")
+        assert caps.cp_reason and caps.cp_reason in str(exc.value)
     # sizes: the Llama has 2 KV heads, the built-in GPT 4 heads
     plan = make_plan(spec=spec, tp=4)
     if caps.allows_tp(4):
@@ -304,10 +311,12 @@ def test_capabilities_of_models_without_an_adapter_are_the_generic_runtimes():
         caps = capabilities(spec)
         assert caps.runs and "generic runtime" in caps.reason
         assert caps.tensor_parallel and caps.pipeline and not caps.sequence_parallel
+        assert not caps.context_parallel and "generic runtime" in caps.cp_reason
     with pytest.raises(PlanError, match=r"no stage adapter for Hugging Face model_type 'opt'"):
         model_lib.check_supported(ModelSpec("hf", "opt", {}))
     assert dataclasses.asdict(capabilities(_CAP_SPECS["builtin_gpt"])) == dict(
         tensor_parallel=True, sequence_parallel=True, pipeline=True, reason="", runs=True,
-        tp_divisors=(("heads", 4), ("kv_heads", 4), ("ffn", 128), ("hidden", 32)))
+        tp_divisors=(("heads", 4), ("kv_heads", 4), ("ffn", 128), ("hidden", 32)),
+        context_parallel=True, cp_reason="")
     assert capabilities(SPECS["llama"]).tp_divisors == (
         ("num_attention_heads", 4), ("num_key_value_heads", 2), ("intermediate_size", 128))

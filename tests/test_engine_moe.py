@@ -9,7 +9,11 @@ Three models, fp32, dropout 0, against a single-process run of the same plan's m
   ``"autoplan_capacity"``) with expert parallelism, with ZeRO-2 and with pipeline stages;
 * a tiny Llama-style GPT at sequence 256 with context parallelism, with data and with
   tensor + sequence parallelism, keys and values all-gathered or (a plan priced for the
-  ring) passed around the ring.
+  ring) passed around the ring;
+* the same layouts for a tiny Hugging Face Llama built from its config class (its own
+  attention modules, rotary positions of each rank's chunks, the exchange registered with
+  transformers' attention dispatch: ``engine.hf_arch``), and the Mixtral above with
+  context and expert parallelism together.
 
 Capacity factor ``E / k`` = 2: no token is dropped, so one process and the sharded runs
 route the same tokens (with dropping, capacity is per rank and the results differ by
@@ -45,13 +49,21 @@ MIXTRAL = resolve("hf:mixtral", num_hidden_layers=2, hidden_size=32, num_attenti
                   max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2,
                   bos_token_id=0, eos_token_id=0, capacity_factor=2.0)
 
+HF_LLAMA = resolve("hf:llama", num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=64, vocab_size=128,
+                   max_position_embeddings=256, bos_token_id=0, eos_token_id=0,
+                   tie_word_embeddings=False)
+
 
 def _plan(model: str, cp_comm: str | None = None, **kw):
     if model == "moe":
         return make_plan(model=MOE, **kw)
     if model == "mixtral":
         return make_plan(spec=MIXTRAL, **kw)
-    plan = make_plan(model=LONG, seq_len=256, global_batch=4, **kw)
+    if model == "hf_llama":
+        plan = make_plan(spec=HF_LLAMA, seq_len=256, global_batch=4, **kw)
+    else:
+        plan = make_plan(model=LONG, seq_len=256, global_batch=4, **kw)
     if cp_comm:                       # priced for (and so run with) that exchange
         plan = replace(plan, pricing=Pricing(cp_comm=cp_comm))
     return plan
@@ -66,13 +78,18 @@ WORLD4 = {
     "long_dp2_cp2": ("long", dict(dp=2, cp=2)),
     "long_cp2_tp2_sp": ("long", dict(cp=2, tp=2, sp=True)),
     "long_cp4_ring": ("long", dict(cp=4, cp_comm="ring")),
+    "hf_llama_dp2_cp2": ("hf_llama", dict(dp=2, cp=2)),
+    "hf_llama_cp2_tp2_sp": ("hf_llama", dict(cp=2, tp=2, sp=True)),
+    "hf_llama_cp4_ring": ("hf_llama", dict(cp=4, cp_comm="ring")),
+    "mixtral_cp2_ep2_ring": ("mixtral", dict(cp=2, dp=2, ep=2, cp_comm="ring",
+                                             num_micro_batches=2)),
 }
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
-    singles = {model: _plan(model) for model in ("moe", "mixtral", "long")}
+    singles = {model: _plan(model) for model in ("moe", "mixtral", "long", "hf_llama")}
     done = run_plans(1, out, singles, steps=STEPS, extra=OPTIONS)          # one launch
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
     refs = {model: losses(out / model) for model in singles}
@@ -130,7 +147,7 @@ def test_expert_weights_checkpoint_sharded_and_resume(world4, tmp_path):
 @pytest.mark.parametrize("model, kw, match", [
     ("dense", dict(dp=2, ep=2), "no mixture-of-experts"),
     ("moe", dict(dp=2, ep=2, tp=2), "'parallel.tp'"),
-    ("mixtral", dict(dp=2, cp=2), "'parallel.cp'.*built-in GPT"),
+    ("mistral", dict(dp=2, cp=2), "'parallel.cp'.*sliding-window"),
     ("long_odd", dict(cp=4), "'seq_len'.*2 x cp = 8"),
 ])
 def test_engine_refuses_what_it_cannot_run(model, kw, match):
@@ -139,6 +156,13 @@ def test_engine_refuses_what_it_cannot_run(model, kw, match):
     elif model == "long_odd":
         cfg = dict(LONG, seq_len=36)
         plan = make_plan(model=cfg, seq_len=36, global_batch=4, **kw)
+    elif model == "mistral":          # every layer attends within a window of 16 tokens
+        plan = make_plan(spec=resolve("hf:mistral", num_hidden_layers=2, hidden_size=32,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      intermediate_size=64, vocab_size=128,
+                                      max_position_embeddings=64, sliding_window=16,
+                                      bos_token_id=0, eos_token_id=0),
+                         seq_len=64, global_batch=4, **kw)
     else:
         plan = _plan(model, **kw)
     spec = ModelSpec.from_dict(plan.model)

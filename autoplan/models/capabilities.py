@@ -65,6 +65,9 @@ class ModelCapabilities:
     runs: bool = True
     #: (what, size) pairs a tensor-parallel degree must divide (heads, KV heads, MLP width)
     tp_divisors: tuple[tuple[str, int], ...] = ()
+    #: the sequence split over ranks (``cp > 1``), and why not
+    context_parallel: bool = False
+    cp_reason: str = ""
 
     def allows_tp(self, tp: int) -> bool:
         """Can the engine run tensor-parallel degree ``tp`` (1 always)?"""
@@ -72,10 +75,11 @@ class ModelCapabilities:
                            and all(n % tp == 0 for _, n in self.tp_divisors))
 
 
-def _caps(*, tp: bool, pp: bool, why: list[str],
-          divisors: tuple[tuple[str, int], ...]) -> ModelCapabilities:
+def _caps(*, tp: bool, pp: bool, why: list[str], divisors: tuple[tuple[str, int], ...],
+          cp_gap: str | None = None) -> ModelCapabilities:
     return ModelCapabilities(tensor_parallel=tp, sequence_parallel=tp, pipeline=pp,
-                             reason="; ".join(why), tp_divisors=divisors)
+                             reason="; ".join(why), tp_divisors=divisors,
+                             context_parallel=cp_gap is None, cp_reason=cp_gap or "")
 
 
 def capabilities(spec: ModelSpec) -> ModelCapabilities:
@@ -102,7 +106,8 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
         if tied:
             why.append(_TIED_PP)
         return _caps(tp=not no_tp and not tied, pp=not tied, why=why,
-                     divisors=_hf_tp_divisors(spec.name, config))
+                     divisors=_hf_tp_divisors(spec.name, config),
+                     cp_gap=hf_cp_gap(spec.name, config))
     # every other model: the generic runtime (autoplan.capability); what depends on the
     # plan (tp with pp, sequence parallelism) is generic_gap's, checked per plan
     flags = generic_flags()
@@ -110,7 +115,9 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
         tensor_parallel=flags["tensor_parallel"], sequence_parallel=flags["sequence_parallel"],
         pipeline=flags["pipeline"], runs=flags["runs"],
         reason="the generic runtime: no sequence parallelism, and tensor parallelism only "
-               "without pipeline stages (autoplan.capability)")
+               "without pipeline stages (autoplan.capability)",
+        cp_reason=f"the engine runs context parallelism for the built-in GPT and Hugging "
+                  f"Face rotary decoders, not {spec.source}:{spec.name} (the generic runtime)")
 
 
 #: Hugging Face stage adapters (engine.hf_arch) that cannot shard heads, and why.
@@ -129,3 +136,30 @@ def _hf_tp_divisors(model_type: str, config) -> tuple[tuple[str, int], ...]:
     return (("num_attention_heads", config.num_attention_heads),
             ("num_key_value_heads", config.num_key_value_heads or config.num_attention_heads),
             ("intermediate_size", config.intermediate_size))
+
+
+def layer_kinds(config) -> list[str]:
+    """Each layer's attention kind in a Hugging Face decoder (``full_attention`` /
+    ``sliding_attention``), as its forward picks the layer's mask: ``config.layer_types``
+    where the config has them (Qwen2), else a sliding window for every layer when
+    ``config.sliding_window`` is set (Mistral), else causal."""
+    kinds = list(getattr(config, "layer_types", None) or [])
+    if not kinds:
+        sliding = getattr(config, "sliding_window", None) is not None
+        kinds = ["sliding_attention" if sliding else "full_attention"] * config.num_hidden_layers
+    return kinds
+
+
+def hf_cp_gap(model_type: str, config) -> str | None:
+    """Why the engine cannot split the sequence of an adapted Hugging Face type over ranks
+    (None: it can): its context-parallel attention (:func:`autoplan.models.context_parallel.
+    attend`) is causal over the whole sequence, with rotary positions (GPT-2's learned ones
+    are not sharded)."""
+    if model_type == "gpt2":
+        return ("the engine runs context parallelism for rotary decoders (llama, mistral, "
+                "qwen2, mixtral, qwen3_moe), not gpt2's learned positions")
+    if any(k != "full_attention" for k in layer_kinds(config)):
+        return (f"{model_type} with sliding-window attention layers: the engine's "
+                "context-parallel attention is causal over the whole sequence")
+    return None
+

@@ -233,6 +233,30 @@ def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: ContextParallel,
+           dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    """Causal attention of this rank's queries ``q`` (b, heads, s/cp, hd) over the whole
+    sequence, exchanging the keys and values (b, kv_heads, s/cp, hd) as ``cp.method`` says:
+    all-gathered (then one scaled-dot-product attention under :meth:`ContextParallel.
+    causal_mask`, grouped-query heads repeated) or passed around the ring
+    (:func:`ring_attention`). ``scale``: the scores' factor (None: 1/sqrt(hd)). Returns
+    (b, heads, s/cp, hd). The built-in GPT's and the Hugging Face stages' attention
+    (:mod:`engine.hf_arch`) both call this."""
+    import torch.nn.functional as F
+
+    if cp.method == "ring":
+        default = 1.0 / math.sqrt(q.shape[-1])
+        if scale is not None and scale != default:
+            q = q * (scale / default)        # the ring scales scores by 1/sqrt(hd)
+        return ring_attention(q, k, v, cp, dropout_p)
+    k, v = cp.gather(k, 2), cp.gather(v, 2)
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=cp.causal_mask(q.device),
+                                          dropout_p=dropout_p, scale=scale)
+
+
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp: ContextParallel,
                    dropout_p: float = 0.0) -> torch.Tensor:
     """Causal attention of this rank's queries ``q`` (b, heads, s/cp, hd) over the whole

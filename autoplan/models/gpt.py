@@ -111,13 +111,13 @@ class Attention(nn.Module):
             q = _rotary(q, cfg.rope_theta, positions)
             k = _rotary(k, cfg.rope_theta, positions)
         mask = None
-        if self.cp is not None and self.cp.method == "ring":    # blocks passed around
-            from autoplan.models.context_parallel import ring_attention
+        if self.cp is not None and (self.cp.method == "ring" or cfg.attention == "sdpa"):
+            from autoplan.models.context_parallel import attend
 
-            y = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                               self.cp, cfg.dropout if self.training else 0.0)
+            y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cp,
+                       cfg.dropout if self.training else 0.0)
             return self.resid_drop(self.o(y.transpose(1, 2).reshape(b, s, -1)))
-        if self.cp is not None:          # keys and values of the whole sequence
+        if self.cp is not None:          # keys and values of the whole sequence (eager)
             k, v = self.cp.gather(k, 1), self.cp.gather(v, 1)
             mask = self.cp.causal_mask(x.device)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)   # (b, heads, s, hd)
