@@ -8,7 +8,11 @@
 * ``tensor_parallel`` — Megatron column/row sharding of the blocks' linears (``tp > 1``);
 * ``sequence_parallel`` — sequence sharding of the residual stream between them (needs TP);
 * ``pipeline`` — splitting the blocks over pipeline stages (``pp > 1``);
-* ``reason`` — one clause per refused parallelism, ``""`` when all are allowed;
+* ``context_parallel`` — the sequence split over ranks (``cp > 1``): the built-in GPT and
+  the Hugging Face rotary decoders without sliding-window layers (:func:`hf_cp_gap`),
+  ``cp_reason`` saying why not;
+* ``reason`` — one clause per refused parallelism of the three above, ``""`` when all are
+  allowed;
 * ``runs`` — the engine runs this model at all: every model does, the built-in GPT and four
   Hugging Face causal LMs through their adapted runtimes, every other model (any Hugging
   Face architecture or task, ``mlp``, ``wide-resnet``, ``import:`` modules) through the
