@@ -273,9 +273,18 @@ class Plan:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=pf.json_default) + "\n"
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Validate, then write atomically: a crash never leaves a half-written plan."""
+        """Validate, then write atomically: a crash never leaves a half-written plan. A plan
+        larger than autoplan reads back (:data:`autoplan.user_files.MAX_BYTES`) is refused
+        before anything is written."""
+        from autoplan.user_files import MAX_BYTES
+
         self.validate()
-        return atomic_write_text(path, self.to_json())
+        text = self.to_json()
+        size = len(text.encode())
+        if size > MAX_BYTES:
+            raise PlanError(f"{path}: the plan would be {size:,} bytes, more than the "
+                            f"{MAX_BYTES:,} autoplan reads back; plan for fewer devices")
+        return atomic_write_text(path, text)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "<dict>") -> "Plan":

@@ -199,19 +199,40 @@ def test_run_options_after_the_plan_are_runs_own(monkeypatch, tmp_path, argv, st
 
 
 def test_a_cluster_the_batch_cannot_feed_says_which_devices_repeat_work(tmp_path, capsys):
-    """Global batch 8 on 64 nodes: the search's plan keeps a 64-way axis on which every op
-    is replicated, so 504 of the 512 devices repeat the work of the other 8. The plan says
+    """Global batch 8 on 32 nodes: the search's plan keeps a 32-way axis on which every op
+    is replicated, so 248 of the 256 devices repeat the work of the other 8. The plan says
     so (``distinct_devices``; ``show`` warns and names the node count that holds the work),
-    and planning again on that many nodes predicts the same step time."""
+    and planning again on that many nodes predicts the same step time. On 64 nodes, more
+    devices than 8 samples x 8 devices of a node x 6 layers = 384 could ever split the work
+    between them: refused at once, naming the node count (was: on 2M nodes, a 291 MB plan
+    autoplan could not read back, after a minute and 3 GB)."""
     out = tmp_path / "plan.json"
-    big = _json(capsys, ["plan", "gpt-tiny", "--cluster", "dgx-a100", "--nodes", "64",
+    big = _json(capsys, ["plan", "gpt-tiny", "--cluster", "dgx-a100", "--nodes", "32",
                          "--global-batch", "8", "-o", str(out), "--json"])
     assert big["distinct_devices"] == 8
     assert main(["show", str(out)]) == 0
     shown = " ".join(capsys.readouterr().out.split())
-    assert "warning: only 8 of the 512 devices do distinct work" in shown
+    assert "warning: only 8 of the 256 devices do distinct work" in shown
     assert "plan again with --nodes 1." in shown
     small = _json(capsys, ["plan", "gpt-tiny", "--cluster", "dgx-a100", "--nodes", "1",
                            "--global-batch", "8", "--json"])
     assert small["distinct_devices"] == 8
     assert small["prediction"]["step_time_s"] <= big["prediction"]["step_time_s"] * (1 + 1e-9)
+    assert main(["plan", "gpt-tiny", "--cluster", "dgx-a100", "--nodes", "64",
+                 "--global-batch", "8", "-o", str(tmp_path / "none.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "cannot keep 512 devices busy: at most 384 do distinct work" in err
+    assert "plan on --nodes 48 or fewer" in err and not (tmp_path / "none.json").exists()
+
+
+def test_a_plan_larger_than_autoplan_reads_back_is_not_written(tmp_path, monkeypatch):
+    from autoplan import user_files
+    from autoplan.errors import PlanError
+    from engine_helpers import make_plan
+
+    plan = make_plan(dp=2)
+    assert plan.save(tmp_path / "fits.json").stat().st_size > 1000
+    monkeypatch.setattr(user_files, "MAX_BYTES", 1000)
+    with pytest.raises(PlanError, match="more than the 1,000 autoplan reads back"):
+        plan.save(tmp_path / "p.json")
+    assert not (tmp_path / "p.json").exists()

@@ -90,3 +90,35 @@ def _devices_needed(total_bytes: float, per_device: float, cluster: Cluster) -> 
 
     dpn = cluster.devices_per_node
     return math.ceil(total_bytes / per_device / dpn) * dpn
+
+
+def devices_fed(graph, global_batch: int, devices_per_node: int) -> int:
+    """An upper bound on the devices a plan can keep doing distinct work: every sample of
+    the global batch on its own data-parallel rank (``global_batch``), times a node's
+    devices splitting each op (tensor parallelism, or the search's intra-node mesh axis,
+    stays inside a node), times a pipeline stage per layer (the blocks, ``<pre>`` and
+    ``<post>``), times the largest context-parallel degree the sequence allows
+    (:func:`autoplan.planner.grid.uniform.context_degrees`). A larger cluster can only
+    repeat work: the search would lay whole submeshes of copies (and write every rank of
+    them into the plan: 291 MB for 16.7M devices), the grid finds no configuration."""
+    from autoplan.planner.grid.uniform import context_degrees
+
+    cp = max(context_degrees(graph, 1 << 30))
+    return global_batch * devices_per_node * (len(graph.blocks()) + 2) * cp
+
+
+def check_devices_fed(graph, cluster: Cluster, global_batch: int) -> None:
+    """InfeasibleError when ``cluster`` has more devices than :func:`devices_fed`, naming the
+    node count that holds them and the batch that would feed the cluster."""
+    most = devices_fed(graph, global_batch, cluster.devices_per_node)
+    if cluster.world_size <= most:
+        return
+    layers = len(graph.blocks()) + 2
+    cp = most // (global_batch * cluster.devices_per_node * layers)
+    nodes = max(1, most // cluster.devices_per_node)
+    raise InfeasibleError(
+        f"global batch {global_batch} cannot keep {cluster.world_size:,} devices busy: at most "
+        f"{most:,} do distinct work ({global_batch} samples x {cluster.devices_per_node} "
+        f"devices of a node x {layers} layers as pipeline stages"
+        + (f" x {cp} context-parallel ranks" if cp > 1 else "")
+        + f"); plan on --nodes {nodes:,} or fewer, or a larger --global-batch")

@@ -207,6 +207,9 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     runtime fuses element-wise ops / the loss's backward; ``float8_recipe``: whose float8
     casts a ``mixed-fp8`` step pays; ``attention_kernel``: which fused attention runs
     (:func:`autoplan.api.prepare`)."""
+    from autoplan.planner.bounds import check_devices_fed
+
+    check_devices_fed(graph, cluster, global_batch)
     opts = options
     t0 = time.perf_counter()
     seconds: dict[str, float] = {}
