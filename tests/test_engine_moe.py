@@ -81,6 +81,8 @@ WORLD4 = {
     "hf_llama_dp2_cp2": ("hf_llama", dict(dp=2, cp=2)),
     "hf_llama_cp2_tp2_sp": ("hf_llama", dict(cp=2, tp=2, sp=True)),
     "hf_llama_cp4_ring": ("hf_llama", dict(cp=4, cp_comm="ring")),
+    "hf_llama_pp2_cp2_ring": ("hf_llama", dict(pp=2, cp=2, cp_comm="ring",
+                                               num_micro_batches=2)),
     "mixtral_cp2_ep2_ring": ("mixtral", dict(cp=2, dp=2, ep=2, cp_comm="ring",
                                              num_micro_batches=2)),
 }
