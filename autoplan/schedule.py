@@ -25,6 +25,7 @@ global chunk is ``chunk * pp + rank``, Narayanan et al. 2021, sec. 2.2).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -120,3 +121,31 @@ def peak_in_flight(schedule: str, pp: int, rank: int, m: int, v: int = 1) -> flo
         live += 1 if a.kind == FORWARD else -1
         peak = max(peak, live)
     return peak / v
+
+
+@lru_cache(maxsize=4096)
+def live_chunks(schedule: str, pp: int, rank: int, m: int, v: int = 1
+                ) -> tuple[tuple[int, ...], ...]:
+    """The per-chunk counts of forwards whose backward has not yet run on rank ``rank``,
+    after each forward of :func:`order`, keeping only the vectors no other one exceeds in
+    every chunk: the peak of ``sum_c live_c * a_c`` for any chunk activations ``a_c >= 0``
+    is reached at one of them. Under interleaving the rank's chunks are not held equally
+    often: on the first rank of ``pp = 16``, ``v = 8``, ``m = 32`` (Megatron's rounds of
+    16) the warm-up ends holding chunk 0 for 31 micro-batches and chunks 1-7 for 16 each,
+    and as backwards retire the last chunks first the set shifts to the first ones (chunks
+    0-2 for all 32 micro-batches, chunks 6-7 for none); all hold 143 chunk forwards. So a
+    first chunk holding only the embedding (Llama 3, Dubey et al. 2024, sec. 3.3.2) keeps
+    112 layers' activations there, not the 125 of 143 equal chunks of a stage's 7 layers."""
+    live = [0] * v
+    rows: set[tuple[int, ...]] = set()
+    for a in order(schedule, pp, v, m, rank):
+        live[a.chunk] += 1 if a.kind == FORWARD else -1
+        if a.kind == FORWARD:
+            rows.add(tuple(live))
+    top = sorted(rows, key=sum, reverse=True)
+    kept: list[tuple[int, ...]] = []
+    for row in top:
+        if not any(all(k >= r for k, r in zip(other, row)) for other in kept):
+            kept.append(row)
+    return tuple(kept)
+

@@ -88,3 +88,30 @@ def test_memory_models_closed_form_is_the_orders_count():
             for r in range(pp):
                 assert in_flight_micro_batches(schedule, pp, r, m, v) == pytest.approx(
                     peak_in_flight(schedule, pp, r, m, v)), (schedule, pp, v, m, r)
+
+
+def test_unequal_chunks_are_held_as_the_order_holds_them():
+    """cost.memory.in_flight_weighted: the peak of sum_c live_c a_c over the order, checked
+    against walking the order with random chunk activations; equal chunks give the closed
+    form; the first rank of pp 16, v 8, m 32 with an embedding-only first chunk holds 112
+    layers, not the 143 x 7/8 = 125 of equal chunks."""
+    import random
+
+    from autoplan.cost.memory import in_flight_micro_batches, in_flight_weighted
+    from autoplan.schedule import FORWARD, live_chunks
+
+    rng = random.Random(0)
+    for pp, v, m in itertools.product(range(2, 6), (2, 3, 4), (2, 5, 8, 12)):
+        for r in range(pp):
+            acts = [rng.uniform(0.1, 3.0) for _ in range(v)]
+            live, best = [0] * v, 0.0
+            for a in order("interleaved_1f1b", pp, v, m, r):
+                live[a.chunk] += 1 if a.kind == FORWARD else -1
+                best = max(best, sum(n * x for n, x in zip(live, acts)))
+            assert in_flight_weighted("interleaved_1f1b", pp, r, m, v, acts) == \
+                pytest.approx(best / sum(acts)), (pp, v, m, r)
+            assert in_flight_weighted("interleaved_1f1b", pp, r, m, v, [2.0] * v) == \
+                in_flight_micro_batches("interleaved_1f1b", pp, r, m, v)
+    assert (31, 16, 16, 16, 16, 16, 16, 16) in live_chunks("interleaved_1f1b", 16, 0, 32, 8)
+    held = in_flight_weighted("interleaved_1f1b", 16, 0, 32, 8, [1e-9] + [1.0] * 7) * 7
+    assert held == pytest.approx(112, rel=1e-6)

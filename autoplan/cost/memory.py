@@ -133,6 +133,28 @@ def selective_peak_bytes(stats: LayerStats, *, tp: int = 1, micro_batch_scale: f
     return float(stats.saved_bytes_attn) / tp * micro_batch_scale
 
 
+def in_flight_weighted(schedule: str, pp: int, stage: int, num_micro_batches: int,
+                       virtual_stages: int, chunk_bytes: "list[float] | tuple[float, ...]"
+                       ) -> float:
+    """Micro-batches of whole-stage activations pipeline rank ``stage`` holds at its peak
+    when its ``v`` chunks keep different activations (``chunk_bytes``, the rank's chunks in
+    order): ``max_t sum_c live_c(t) a_c / sum_c a_c`` over the schedule's order
+    (:func:`autoplan.schedule.live_chunks`), where :func:`in_flight_micro_batches` counts
+    every chunk forward as ``1/v`` of the stage. The two agree when the chunks are equal and
+    always for ``v = 1``; they differ where the interleaved warm-up holds the first chunks
+    more often than the last (a first chunk with the embedding, a last with the head)."""
+    v = virtual_stages
+    flat = in_flight_micro_batches(schedule, pp, stage, num_micro_batches, v)
+    total = float(sum(chunk_bytes))
+    if v == 1 or pp * v == 1 or total <= 0 or len(chunk_bytes) != v \
+            or max(chunk_bytes) - min(chunk_bytes) <= 1e-9 * max(chunk_bytes):
+        return flat                                  # equal chunks: the closed form
+    from autoplan.schedule import live_chunks
+
+    rows = live_chunks(schedule, pp, stage, num_micro_batches, v)
+    return max(sum(n * a for n, a in zip(row, chunk_bytes)) for row in rows) / total
+
+
 def in_flight_micro_batches(schedule: str, pp: int, stage: int, num_micro_batches: int,
                             virtual_stages: int = 1) -> float:
     """Micro-batches of *whole-stage* activations pipeline rank ``stage`` holds at its peak:

@@ -86,8 +86,10 @@ runtime overhead no term prices, fitted on published runs (:mod:`autoplan.cost.r
 0.073 on an uncalibrated GPU cluster, else 0), shown as the breakdown's ``runtime``.
 
 **Memory** of rank d (:mod:`autoplan.cost.memory`): model states per bucket
-(``model_state_bytes(psi_b, dp=|g_b|, zero)``), activations ``in_flight(schedule, pp, d, m,
-v) * sum_c act(c) + max_c recompute_peak(c)``, and under ZeRO-3 (a bucket synced over more
+(``model_state_bytes(psi_b, dp=|g_b|, zero)``), activations ``max_t sum_c live_c(t) act(c)
++ max_c recompute_peak(c)`` with ``live_c(t)`` the forwards of chunk c whose backward has not
+run at step t of the schedule's order (:func:`autoplan.cost.memory.in_flight_weighted`; for
+equal chunks ``in_flight(schedule, pp, d, m, v) * sum_c act(c)``), and under ZeRO-3 (a bucket synced over more
 than one rank) two layers' gathered parameters, ``2 max_c gathered(c)`` (prefetch keeps the
 next layer gathered). The prediction's memory is the rank that needs the most.
 
@@ -114,7 +116,7 @@ from typing import Sequence
 
 from autoplan.cost.comm import CommModel, Group
 from autoplan.cost.compute import ComputeModel
-from autoplan.cost.memory import (PRECISION_BYTES, fragmentation_bytes, in_flight_micro_batches,
+from autoplan.cost.memory import (PRECISION_BYTES, fragmentation_bytes, in_flight_weighted,
                                   model_state_bytes, runtime_bytes)
 from autoplan.cost.overlap import (DDP_BUCKET_BYTES, INTERFERENCE, bucketed_reduction,
                                    zero3_micro_batch)
@@ -418,7 +420,7 @@ class StepModel:
             opt_time.append(self.compute.optimizer_time(local))
             if self.shared is not None:
                 syncs.append(self._syncs(buckets, zero, m, pp > 1, shared=True))
-            in_flight = in_flight_micro_batches(work.schedule, pp, d, m, v)
+            in_flight = in_flight_weighted(work.schedule, pp, d, m, v, [c.act for c in cs])
             per_rank.append(self._memory(cs, buckets, in_flight, memory_zero(zero, m, pp > 1),
                                          pp > 1))
         dp_comm = max(dp_exposed)
