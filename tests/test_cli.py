@@ -203,8 +203,8 @@ def test_a_cluster_the_batch_cannot_feed_says_which_devices_repeat_work(tmp_path
     is replicated, so 248 of the 256 devices repeat the work of the other 8. The plan says
     so (``distinct_devices``; ``show`` warns and names the node count that holds the work),
     and planning again on that many nodes predicts the same step time. On 64 nodes, more
-    devices than 8 samples x 8 devices of a node x 6 layers = 384 could ever split the work
-    between them: refused at once, naming the node count (was: on 2M nodes, a 291 MB plan
+    devices than the planners split a step (8 samples x 8 devices of a node x 6 layers =
+    384 ways): refused at once, naming the node count (was: on 2M nodes, a 291 MB plan
     autoplan could not read back, after a minute and 3 GB)."""
     out = tmp_path / "plan.json"
     big = _json(capsys, ["plan", "gpt-tiny", "--cluster", "dgx-a100", "--nodes", "32",
@@ -221,7 +221,7 @@ def test_a_cluster_the_batch_cannot_feed_says_which_devices_repeat_work(tmp_path
     assert main(["plan", "gpt-tiny", "--cluster", "dgx-a100", "--nodes", "64",
                  "--global-batch", "8", "-o", str(tmp_path / "none.json")]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "cannot keep 512 devices busy: at most 384 do distinct work" in err
+    assert "cannot keep 512 devices busy: the planners split a step at most 384 ways" in err
     assert "plan on --nodes 48 or fewer" in err and not (tmp_path / "none.json").exists()
 
 

@@ -93,14 +93,15 @@ def _devices_needed(total_bytes: float, per_device: float, cluster: Cluster) -> 
 
 
 def devices_fed(graph, global_batch: int, devices_per_node: int) -> int:
-    """An upper bound on the devices a plan can keep doing distinct work: every sample of
-    the global batch on its own data-parallel rank (``global_batch``), times a node's
-    devices splitting each op (tensor parallelism, or the search's intra-node mesh axis,
-    stays inside a node), times a pipeline stage per layer (the blocks, ``<pre>`` and
-    ``<post>``), times the largest context-parallel degree the sequence allows
-    (:func:`autoplan.planner.grid.uniform.context_degrees`). A larger cluster can only
-    repeat work: the search would lay whole submeshes of copies (and write every rank of
-    them into the plan: 291 MB for 16.7M devices), the grid finds no configuration."""
+    """The most ways the planners split a step: every sample of the global batch on its own
+    data-parallel rank (``global_batch``), times a node's devices splitting each op (tensor
+    parallelism stays inside a node), times a pipeline stage per layer (the blocks,
+    ``<pre>`` and ``<post>``), times the largest context-parallel degree the sequence allows
+    (:func:`autoplan.planner.grid.uniform.context_degrees`). The grid's configurations never
+    exceed it; the search could in principle also shard ops across nodes, but its plans on
+    larger clusters lay whole submeshes of copies (gpt-small, batch 64, 1,024 nodes: 72 of
+    8,192 devices doing distinct work) and write every rank into the plan (291 MB for 16.7M
+    devices), so a larger cluster is refused before searching."""
     from autoplan.planner.grid.uniform import context_degrees
 
     cp = max(context_degrees(graph, 1 << 30))
@@ -117,8 +118,8 @@ def check_devices_fed(graph, cluster: Cluster, global_batch: int) -> None:
     cp = most // (global_batch * cluster.devices_per_node * layers)
     nodes = max(1, most // cluster.devices_per_node)
     raise InfeasibleError(
-        f"global batch {global_batch} cannot keep {cluster.world_size:,} devices busy: at most "
-        f"{most:,} do distinct work ({global_batch} samples x {cluster.devices_per_node} "
-        f"devices of a node x {layers} layers as pipeline stages"
+        f"global batch {global_batch} cannot keep {cluster.world_size:,} devices busy: the "
+        f"planners split a step at most {most:,} ways ({global_batch} samples x "
+        f"{cluster.devices_per_node} devices of a node x {layers} layers as pipeline stages"
         + (f" x {cp} context-parallel ranks" if cp > 1 else "")
         + f"); plan on --nodes {nodes:,} or fewer, or a larger --global-batch")
