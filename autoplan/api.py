@@ -252,10 +252,10 @@ def runnable_space(spec: ModelSpec, space: SearchSpace,
     from autoplan.capability import adapted
 
     caps = capabilities(spec)
-    changes: dict = {key: value for key, value, allowed in (
-        ("tp", (1,), caps.tensor_parallel), ("sequence_parallel", (False,),
-                                             caps.sequence_parallel),
-        ("pp", (1,), caps.pipeline), ("cp", (1,), caps.context_parallel)) if not allowed}
+    allowed = {"tp": caps.tensor_parallel, "sequence_parallel": caps.sequence_parallel,
+               "pp": caps.pipeline, "cp": caps.context_parallel}
+    changes: dict = {key: (False,) if key == "sequence_parallel" else (1,)
+                     for key, ok in allowed.items() if not ok}
 
     if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines,
         changes["tp_with_pp"] = False           # and no interleaved schedule (capability.py)

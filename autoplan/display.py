@@ -163,8 +163,9 @@ def repeated_work_line(plan: Plan) -> str | None:
     distinct, world = plan.distinct_devices(), plan.world_size
     if distinct >= world:
         return None
-    where = [f"stage {s.index} on " + ", ".join(f"{a} x{n}" for a, n in s.repeated_axes().items())
-             for s in plan.stages if s.repeated_axes()]
+    repeated = ((s.index, s.repeated_axes()) for s in plan.stages)
+    where = [f"stage {i} on " + ", ".join(f"{a} x{n}" for a, n in axes.items())
+             for i, axes in repeated if axes]
     said = (f"{distinct:,} of the {world:,} devices do distinct work; the others repeat it "
             f"({'; '.join(where[:3])}{'; ...' if len(where) > 3 else ''})")
     per_node = plan.cluster.get("devices_per_node") or 1

@@ -66,6 +66,7 @@ field checks in :mod:`autoplan.plan_fields`.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -132,15 +133,11 @@ class Plan:
     def distinct_devices(self) -> int:
         """Devices doing work no other device repeats: each stage's submesh less the copies
         along its :meth:`Stage.repeated_axes` (the whole world where none repeat)."""
-        total = 0
-        for st in self.stages:
-            size = 1
-            for n in st.mesh_shape:
-                size *= n
-            for n in st.repeated_axes().values():
-                size //= n
-            total += size
-        return min(total, self.world_size) if self.stages else self.world_size
+        if not self.stages:
+            return self.world_size
+        total = sum(math.prod(st.mesh_shape) // math.prod(st.repeated_axes().values())
+                    for st in self.stages)
+        return min(total, self.world_size)
 
     def label(self) -> str:
         """The configuration as its placements make it: ``parallel.label()``, except that a
@@ -279,12 +276,11 @@ class Plan:
         from autoplan.user_files import MAX_BYTES
 
         self.validate()
-        text = self.to_json()
-        size = len(text.encode())
-        if size > MAX_BYTES:
-            raise PlanError(f"{path}: the plan would be {size:,} bytes, more than the "
+        data = self.to_json().encode()
+        if len(data) > MAX_BYTES:
+            raise PlanError(f"{path}: the plan would be {len(data):,} bytes, more than the "
                             f"{MAX_BYTES:,} autoplan reads back; plan for fewer devices")
-        return atomic_write_text(path, text)
+        return atomic_write_bytes(path, data)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: str = "<dict>") -> "Plan":

@@ -92,6 +92,15 @@ def _devices_needed(total_bytes: float, per_device: float, cluster: Cluster) -> 
     return math.ceil(total_bytes / per_device / dpn) * dpn
 
 
+def _split_ways(graph, global_batch: int, devices_per_node: int) -> tuple[int, int, int, int]:
+    """(samples, a node's devices, layers, context-parallel degree): the factors of
+    :func:`devices_fed`."""
+    from autoplan.planner.grid.uniform import context_degrees
+
+    return (global_batch, devices_per_node, len(graph.blocks()) + 2,
+            max(context_degrees(graph, 1 << 30)))
+
+
 def devices_fed(graph, global_batch: int, devices_per_node: int) -> int:
     """The most ways the planners split a step: every sample of the global batch on its own
     data-parallel rank (``global_batch``), times a node's devices splitting each op (tensor
@@ -102,24 +111,24 @@ def devices_fed(graph, global_batch: int, devices_per_node: int) -> int:
     larger clusters lay whole submeshes of copies (gpt-small, batch 64, 1,024 nodes: 72 of
     8,192 devices doing distinct work) and write every rank into the plan (291 MB for 16.7M
     devices), so a larger cluster is refused before searching."""
-    from autoplan.planner.grid.uniform import context_degrees
+    import math
 
-    cp = max(context_degrees(graph, 1 << 30))
-    return global_batch * devices_per_node * (len(graph.blocks()) + 2) * cp
+    return math.prod(_split_ways(graph, global_batch, devices_per_node))
 
 
 def check_devices_fed(graph, cluster: Cluster, global_batch: int) -> None:
     """InfeasibleError when ``cluster`` has more devices than :func:`devices_fed`, naming the
     node count that holds them and the batch that would feed the cluster."""
-    most = devices_fed(graph, global_batch, cluster.devices_per_node)
+    import math
+
+    samples, per_node, layers, cp = _split_ways(graph, global_batch, cluster.devices_per_node)
+    most = math.prod((samples, per_node, layers, cp))
     if cluster.world_size <= most:
         return
-    layers = len(graph.blocks()) + 2
-    cp = most // (global_batch * cluster.devices_per_node * layers)
-    nodes = max(1, most // cluster.devices_per_node)
+    nodes = max(1, most // per_node)
     raise InfeasibleError(
         f"global batch {global_batch} cannot keep {cluster.world_size:,} devices busy: the "
-        f"planners split a step at most {most:,} ways ({global_batch} samples x "
-        f"{cluster.devices_per_node} devices of a node x {layers} layers as pipeline stages"
+        f"planners split a step at most {most:,} ways ({samples} samples x {per_node} "
+        f"devices of a node x {layers} layers as pipeline stages"
         + (f" x {cp} context-parallel ranks" if cp > 1 else "")
         + f"); plan on --nodes {nodes:,} or fewer, or a larger --global-batch")
