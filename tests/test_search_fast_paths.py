@@ -574,3 +574,29 @@ def record_ops(problem):
 
     layers = sorted({layer.index for layer in problem.graph.layers[:3]})
     return record_layers(problem.spec, problem.graph, layers).ops.values()
+
+
+def test_balanced_screen_holds_interleaved_chunks_as_the_schedule_does():
+    """The balanced pipelines' memory screen weights an interleaved rank's chunks as the
+    schedule holds them (the exact pricing's in_flight_weighted), not as v equal parts: with
+    a heavy first chunk (an embedding), a budget between the two figures is refused."""
+    from types import SimpleNamespace
+
+    from autoplan.cost.memory import in_flight_micro_batches, in_flight_weighted
+    from autoplan.planner.search.search import _balanced_latency, _in_flight
+
+    pp, v, m = 2, 2, 4
+    grid = np.arange(pp * v).reshape(v, pp)     # chunk c on rank c % pp
+    act = np.array([[8.0, 1.0, 1.0, 1.0]])      # rank 0's first chunk holds the most
+    rc = SimpleNamespace(states=np.zeros((1, 4)), act=act, fixed=np.zeros((1, 4)),
+                         t=np.ones((1, 4)), send=np.zeros(4), u=np.zeros((1, 4)))
+    chunks = [act[0, 0], act[0, 2]]             # rank 0's chunks in order
+    exact = in_flight_weighted("interleaved_1f1b", pp, 0, m, v, chunks) * sum(chunks)
+    flat = in_flight_micro_batches("interleaved_1f1b", pp, 0, m, v) * sum(chunks)
+    assert exact > flat                         # the heavy chunk is held more often
+    flight = _in_flight("interleaved_1f1b", pp, m, v)
+    for budget, fits in ((exact, True), ((exact + flat) / 2, False)):
+        lat, _ = _balanced_latency(rc, grid, v, m, flight, budget)
+        assert np.isfinite(lat[0]) == fits
+    one = _in_flight("1f1b", pp, m, 1)          # one chunk a rank: the closed form
+    assert one.tolist() == [in_flight_micro_batches("1f1b", pp, d, m) for d in range(pp)]

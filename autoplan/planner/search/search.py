@@ -27,7 +27,10 @@ Steps (timings in ``SearchResult.seconds``):
      and more activations in flight);
    * **balanced pipelines**: p equal submeshes with the blocks split evenly, for every
      schedule including interleaved 1F1B with v chunks per submesh (Narayanan et al. 2021),
-     which the DP's contiguous stages cannot express.
+     which the DP's contiguous stages cannot express; an interleaved rank's memory is
+     screened as the schedule holds its chunks (:func:`autoplan.schedule.live_chunks`), as
+     the exact pricing holds them, so a chunk with the embedding or the head is not
+     averaged with the others.
 
 4. The best candidates of all m are priced exactly (:class:`~autoplan.planner.search.evaluate.
    Evaluator`, the uniform planner's formulas) and the fastest that fits wins.
@@ -70,7 +73,7 @@ from autoplan.planner.search.kind_tables import KindTable, kind_table
 from autoplan.planner.search.prune import Ranked, latency_lower_bound
 from autoplan.planner.search.tables import (INF, Combos, LayerArrays, SharedRows, layer_arrays,
                                             range_table, tie_key)
-from autoplan.schedule import runs_micro_batches
+from autoplan.schedule import live_chunks, runs_micro_batches
 
 log = logging.getLogger(__name__)
 
@@ -406,8 +409,7 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
     best: dict[tuple[str, int], tuple[float, float, LogicalMesh, tuple, dict]] = {}
     # chunk c on rank c % pp: row r of a (v, pp) matrix holds chunks r pp .. r pp + pp - 1
     grid = {v: np.array([where[c] for c in chunks_of[v]]).reshape(v, pp) for _, v in plans}
-    flight = {(sched, v): np.array([in_flight_micro_batches(sched, pp, d, m, v)
-                                    for d in range(pp)]) for sched, v in plans}
+    flight = {(sched, v): _in_flight(sched, pp, m, v) for sched, v in plans}
     for mesh in meshes:
         kt = {k: tables.get((k, mesh)) for k in kinds}
         if any(t is None for t in kt.values()):
@@ -433,18 +435,38 @@ def _balanced(ev: Evaluator, ms: ModelStructure, meshes, tables, priced: SharedR
     return out
 
 
-def _balanced_latency(rc, grid: np.ndarray, v: int, m: int, flight: np.ndarray,
-                      memory: float, weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def _in_flight(schedule: str, pp: int, m: int, v: int) -> "np.ndarray | list[np.ndarray]":
+    """What each pipeline rank holds at its peak: for one chunk a rank, the stage
+    micro-batches in flight (:func:`~autoplan.cost.memory.in_flight_micro_batches`, an array
+    over ranks); interleaved, per rank the per-chunk counts of forwards not yet run backward
+    at the moments that can be its peak (:func:`autoplan.schedule.live_chunks`, an array of
+    shape (vectors, v)), so that chunks holding different layers are weighted as the
+    schedule holds them -- what :class:`~autoplan.cost.step.StepModel` prices the plan with
+    (:func:`~autoplan.cost.memory.in_flight_weighted`)."""
+    if v == 1:
+        return np.array([in_flight_micro_batches(schedule, pp, d, m, v) for d in range(pp)])
+    return [np.array(live_chunks(schedule, pp, d, m, v), dtype=float) for d in range(pp)]
+
+
+def _balanced_latency(rc, grid: np.ndarray, v: int, m: int,
+                      flight: "np.ndarray | list[np.ndarray]", memory: float,
+                      weight: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Pipeline latency of the chunks in ``grid`` (columns of ``rc``'s rows; grid column d:
-    the chunks of rank d) for every row of ``rc``; ``flight[d]``: micro-batches rank d
-    holds; inf where a rank runs out of memory (its states at ``weight``:
+    the chunks of rank d) for every row of ``rc``; ``flight``: what each rank holds at its
+    peak (:func:`_in_flight`); inf where a rank runs out of memory (its states at ``weight``:
     :func:`~autoplan.cost.memory.solver_state_weight`). Sums over ranks run in rank order. Also
     each row's tie key: the largest of its ranks' :func:`~autoplan.planner.search.tables.
     tie_key`."""
     states = weight * rc.states[:, grid].sum(axis=1)           # (R, pp)
-    act = rc.act[:, grid].sum(axis=1)
+    chunk_act = rc.act[:, grid]                                # (R, v, pp)
+    act = chunk_act.sum(axis=1)
     fixed = rc.fixed[:, grid].max(axis=1)
-    fits = ~(states + flight * act + fixed > memory).any(axis=1)
+    if isinstance(flight, list):        # interleaved: the peak of sum_c live_c act_c per rank
+        held = np.stack([(chunk_act[:, :, d] @ live.T).max(axis=1)
+                         for d, live in enumerate(flight)], axis=1)
+    else:
+        held = flight * act
+    fits = ~(states + held + fixed > memory).any(axis=1)
     dev_t = (rc.t[:, grid] + rc.send[grid]).sum(axis=1)        # (R, pp)
     slow = dev_t.max(axis=1)
     pp = grid.shape[1]
