@@ -144,6 +144,7 @@ def _shape_like(hidden: torch.Tensor, seq_len: int) -> torch.Tensor:
 @dataclass(frozen=True, kw_only=True)
 class GPT2Adapter(HFAdapter):
     """GPT-2 (``GPT2LMHeadModel``): learned positions, pre-LayerNorm blocks, ``ln_f``.
+Under context parallelism each rank looks up the learned positions of its own two chunks.
 
     No tensor parallelism: attention projects q, k and v with one fused ``Conv1D``
     (``c_attn``, weight (h, 3h)) and splits its output at fixed offsets ``split_size = h``; a
@@ -153,12 +154,16 @@ class GPT2Adapter(HFAdapter):
 
     def embed(self, stage, input_ids):
         t = stage.get_submodule("transformer")
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device)
+        cp = getattr(stage, "cp", None)    # context parallel: this rank's tokens' positions
+        pos = cp.positions(input_ids.device) if cp is not None else \
+            torch.arange(input_ids.shape[1], device=input_ids.device)
         return t.drop(t.wte(input_ids) + t.wpe(pos))
 
     def context(self, stage, hidden, seq_len):
         from transformers.masking_utils import create_causal_mask
 
+        if getattr(stage, "cp", None) is not None:     # the mask is in the CP attention
+            return {"attention_mask": None}
         pos = _positions(hidden, seq_len)
         mask = create_causal_mask(config=stage.config, inputs_embeds=_shape_like(hidden, seq_len),
                                   attention_mask=None, position_ids=pos,
@@ -258,6 +263,7 @@ _GPT2 = GPT2Adapter(
     no_tp_reason="GPT-2 projects q, k and v with one fused Conv1D (c_attn) whose output is "
                  "split at fixed offsets, so a column shard mixes heads of q, k and v",
     scaled_init=("attn.c_proj.weight", "mlp.c_proj.weight"),
+    attention="attn",
 )
 
 _ROTARY = RotaryDecoderAdapter(

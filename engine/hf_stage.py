@@ -20,6 +20,7 @@ starts from the same weights; buffers (rotary tables) are recomputed from the co
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Collection
 
 import torch
@@ -88,8 +89,9 @@ class HFStage(nn.Module):
         """Context parallelism over ``group``, as :meth:`autoplan.models.gpt.GPT.
         shard_sequence`: this stage's inputs are then this rank's tokens (two chunks of
         ``seq_len``), rotary positions theirs, and each block's attention exchanges keys
-        and values over the group (:func:`engine.hf_arch.cp_attention_name`)."""
-        from autoplan.models.capabilities import hf_cp_gap
+        and values over the group (:func:`engine.hf_arch.cp_attention_name`), masked by
+        position with the layer's sliding window where it has one."""
+        from autoplan.models.capabilities import hf_cp_gap, layer_window
         from autoplan.models.context_parallel import ContextParallel
         from engine.hf_arch import cp_attention_name
 
@@ -97,8 +99,9 @@ class HFStage(nn.Module):
         if gap:
             raise PlanError(f"context parallelism: {gap}")
         self.cp = ContextParallel(group, group.size(), group.rank(), seq_len, method)
-        for block in self.blocks.values():
-            block.get_submodule(self.adapter.attention).autoplan_cp = self.cp
+        for key, block in self.blocks.items():      # each layer with its own window
+            block.get_submodule(self.adapter.attention).autoplan_cp = replace(
+                self.cp, window=layer_window(self.config, int(key)))
         self.config._attn_implementation = cp_attention_name()
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:

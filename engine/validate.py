@@ -112,7 +112,7 @@ def check_expert_context(plan: Plan, spec: ModelSpec, source: str) -> None:
     """What the engine runs of expert and context parallelism (:mod:`engine.expert_parallel`):
     EP over a model's mixture-of-experts layers whose expert counts it divides, without
     tensor parallelism; CP for the models whose capabilities allow it (the built-in GPT,
-    the Hugging Face rotary decoders without sliding windows), at a sequence length
+    the adapted Hugging Face decoders), at a sequence length
     ``2 · cp`` divides
     (load-balanced chunks, :mod:`autoplan.models.context_parallel`)."""
     p = plan.parallel

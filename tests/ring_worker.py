@@ -8,7 +8,10 @@ sequence in one process, in float64, on every rank's load-balanced chunks.
 * in bfloat16: within bfloat16's rounding of the float64 answer, outputs and gradients in
   bfloat16;
 * with dropout: the ring's own gradient against a central finite difference of its output
-  along a random direction, the dropout masks drawn again from the same random state.
+  along a random direction, the dropout masks drawn again from the same random state;
+* under a sliding window shorter than a chunk pair's span (Mistral's layers): the ring and
+  the all-gather (:func:`~autoplan.models.context_parallel.attend`), outputs and gradients,
+  against whole-sequence attention under transformers' sliding-window mask.
 
     torchrun --nproc_per_node=4 tests/ring_worker.py OUT.json
 """
@@ -20,9 +23,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from autoplan.models.context_parallel import ContextParallel, chunk_positions, ring_attention
+from dataclasses import replace
+
+from autoplan.models.context_parallel import (ContextParallel, attend, chunk_positions,
+                                               ring_attention)
 
 B, HEADS, KV_HEADS, SEQ, HD = 2, 4, 2, 64, 8
+WINDOW = 20     # keys a query sees under the sliding window: less than the sequence
 
 
 def main(out: str) -> None:
@@ -79,6 +86,23 @@ def main(out: str) -> None:
     errors["dropout_directional"] = (abs(total[0] - total[1]) / abs(total[1])).item()
     errors["dropout_changes_output"] = (f(0.0)[0] - (got * weight[:, :, mine]).sum()
                                         ).abs().item()
+    # a sliding window: the ring and the all-gather against the whole sequence's attention
+    pos = torch.arange(SEQ)
+    band = (pos[:, None] >= pos[None, :]) & (pos[None, :] > pos[:, None] - WINDOW)
+    for t in (q, k, v):
+        t.grad = None
+    whole = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1),
+                                           v.repeat_interleave(rep, 1), attn_mask=band)
+    (whole * weight).sum().backward()
+    for method in ("ring", "all-gather"):
+        windowed = replace(cp, method=method, window=WINDOW)
+        ql, kl, vl = (t.detach()[:, :, mine].clone().requires_grad_() for t in (q, k, v))
+        got = attend(ql, kl, vl, windowed)
+        (got * weight[:, :, mine]).sum().backward()
+        errors[f"window_{method}_out"] = (got - whole.detach()[:, :, mine]).abs().max().item()
+        for name, local, full in (("dq", ql, q), ("dk", kl, k), ("dv", vl, v)):
+            errors[f"window_{method}_{name}"] = (local.grad - full.grad[:, :, mine]
+                                                 ).abs().max().item()
     worst = torch.tensor([errors[k] for k in sorted(errors)])
     gathered = [torch.zeros_like(worst) for _ in range(world)]
     dist.all_gather(gathered, worst)

@@ -12,8 +12,11 @@ Three models, fp32, dropout 0, against a single-process run of the same plan's m
   ring) passed around the ring;
 * the same layouts for a tiny Hugging Face Llama built from its config class (its own
   attention modules, rotary positions of each rank's chunks, the exchange registered with
-  transformers' attention dispatch: ``engine.hf_arch``), and the Mixtral above with
-  context and expert parallelism together.
+  transformers' attention dispatch: ``engine.hf_arch``), the Mixtral above with
+  context and expert parallelism together, and a Hugging Face GPT-2 (learned positions
+  looked up for each rank's chunks) with a ring between two pipeline stages, and a
+  Hugging Face Qwen2 whose second layer attends within a sliding window (masked by
+  position, the window crossing the chunks' boundaries).
 
 Capacity factor ``E / k`` = 2: no token is dropped, so one process and the sharded runs
 route the same tokens (with dropping, capacity is per rank and the results differ by
@@ -54,14 +57,28 @@ HF_LLAMA = resolve("hf:llama", num_hidden_layers=2, hidden_size=32, num_attentio
                    max_position_embeddings=256, bos_token_id=0, eos_token_id=0,
                    tie_word_embeddings=False)
 
+#: GPT-2: learned positions, looked up for each rank's own chunks under CP
+HF_GPT2 = resolve("hf:gpt2", n_layer=2, n_embd=32, n_head=4, vocab_size=128, n_positions=256,
+                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                  eos_token_id=0, tie_word_embeddings=False)
+
+#: Qwen2 with a full-attention layer, then a layer with a sliding window of 48 tokens
+#: (under CP over 2 ranks, chunks of 64: windows cross the chunks' boundaries)
+HF_QWEN2 = resolve("hf:qwen2", num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=64, vocab_size=128,
+                   max_position_embeddings=256, use_sliding_window=True, sliding_window=48,
+                   max_window_layers=1, bos_token_id=0, eos_token_id=0,
+                   tie_word_embeddings=False)
+HF_SPECS = {"hf_llama": HF_LLAMA, "hf_gpt2": HF_GPT2, "hf_qwen2": HF_QWEN2}
+
 
 def _plan(model: str, cp_comm: str | None = None, **kw):
     if model == "moe":
         return make_plan(model=MOE, **kw)
     if model == "mixtral":
         return make_plan(spec=MIXTRAL, **kw)
-    if model == "hf_llama":
-        plan = make_plan(spec=HF_LLAMA, seq_len=256, global_batch=4, **kw)
+    if model in HF_SPECS:
+        plan = make_plan(spec=HF_SPECS[model], seq_len=256, global_batch=4, **kw)
     else:
         plan = make_plan(model=LONG, seq_len=256, global_batch=4, **kw)
     if cp_comm:                       # priced for (and so run with) that exchange
@@ -83,6 +100,9 @@ WORLD4 = {
     "hf_llama_cp4_ring": ("hf_llama", dict(cp=4, cp_comm="ring")),
     "hf_llama_pp2_cp2_ring": ("hf_llama", dict(pp=2, cp=2, cp_comm="ring",
                                                num_micro_batches=2)),
+    "hf_gpt2_pp2_cp2_ring": ("hf_gpt2", dict(pp=2, cp=2, cp_comm="ring",
+                                             num_micro_batches=2)),
+    "hf_qwen2_sliding_dp2_cp2_ring": ("hf_qwen2", dict(dp=2, cp=2, cp_comm="ring")),
     "mixtral_cp2_ep2_ring": ("mixtral", dict(cp=2, dp=2, ep=2, cp_comm="ring",
                                              num_micro_batches=2)),
 }
@@ -91,7 +111,7 @@ WORLD4 = {
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
-    singles = {model: _plan(model) for model in ("moe", "mixtral", "long", "hf_llama")}
+    singles = {model: _plan(model) for model in ("moe", "mixtral", "long", *HF_SPECS)}
     done = run_plans(1, out, singles, steps=STEPS, extra=OPTIONS)          # one launch
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
     refs = {model: losses(out / model) for model in singles}
@@ -149,7 +169,6 @@ def test_expert_weights_checkpoint_sharded_and_resume(world4, tmp_path):
 @pytest.mark.parametrize("model, kw, match", [
     ("dense", dict(dp=2, ep=2), "no mixture-of-experts"),
     ("moe", dict(dp=2, ep=2, tp=2), "'parallel.tp'"),
-    ("mistral", dict(dp=2, cp=2), "'parallel.cp'.*sliding-window"),
     ("long_odd", dict(cp=4), "'seq_len'.*2 x cp = 8"),
 ])
 def test_engine_refuses_what_it_cannot_run(model, kw, match):
@@ -158,18 +177,27 @@ def test_engine_refuses_what_it_cannot_run(model, kw, match):
     elif model == "long_odd":
         cfg = dict(LONG, seq_len=36)
         plan = make_plan(model=cfg, seq_len=36, global_batch=4, **kw)
-    elif model == "mistral":          # every layer attends within a window of 16 tokens
-        plan = make_plan(spec=resolve("hf:mistral", num_hidden_layers=2, hidden_size=32,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=64, vocab_size=128,
-                                      max_position_embeddings=64, sliding_window=16,
-                                      bos_token_id=0, eos_token_id=0),
-                         seq_len=64, global_batch=4, **kw)
     else:
         plan = _plan(model, **kw)
     spec = ModelSpec.from_dict(plan.model)
     with pytest.raises(PlanError, match=match):
         check_engine_support(plan, spec, "p.json")
+
+
+def test_cp_masks_full_and_sliding_layers_and_refuses_other_kinds():
+    from types import SimpleNamespace
+
+    from autoplan.models.capabilities import hf_cp_gap, layer_window
+
+    mixed = SimpleNamespace(layer_types=["full_attention", "sliding_attention"],
+                            sliding_window=48, num_hidden_layers=2)
+    assert hf_cp_gap("qwen2", mixed) is None
+    assert [layer_window(mixed, i) for i in range(2)] == [None, 48]
+    mistral = SimpleNamespace(sliding_window=16, num_hidden_layers=2)   # no layer_types
+    assert [layer_window(mistral, i) for i in range(2)] == [16, 16]
+    chunked = SimpleNamespace(layer_types=["full_attention", "chunked_attention"],
+                              num_hidden_layers=2)
+    assert "chunked_attention layers" in hf_cp_gap("llama4", chunked)
 
 
 def test_engine_accepts_ep_and_cp_plans():

@@ -165,19 +165,40 @@ def test_hf_sub_config_sizes_and_nesting_are_checked(tmp_path):
 
 
 def test_hf_per_layer_lists_follow_a_new_layer_count():
-    # Zamba's default config lists one block type per layer of its own 76: a new layer count
-    # keeps the first entries (cycled when it grows), unless the user gives the list too
-    two = resolve("hf:zamba", num_hidden_layers=2)
-    assert two.config["num_hidden_layers"] == 2
-    assert len(two.config["layers_block_type"]) == 2
+    # Zamba's default config derives one block type per layer from its period and offset: a
+    # new layer count gets transformers' own derivation, as for_model at that count would
     import transformers
-    default = transformers.CONFIG_MAPPING["zamba"]().layers_block_type
-    assert two.config["layers_block_type"] == default[:2]
+
     grown = resolve("hf:zamba", num_hidden_layers=80).config["layers_block_type"]
-    assert grown[:76] == default and grown[76:] == default[:4]
+    assert grown == transformers.AutoConfig.for_model(
+        "zamba", num_hidden_layers=80).layers_block_type
+    # ... and where transformers refuses its own derivation (Zamba at 2 layers), the
+    # default's pattern, cut
+    default = transformers.CONFIG_MAPPING["zamba"]().layers_block_type
+    assert resolve("hf:zamba", num_hidden_layers=2).config["layers_block_type"] == default[:2]
     mine = [default[2], default[0], default[2]]          # a pattern of the user's own
     assert resolve("hf:zamba", num_hidden_layers=3,
                    layers_block_type=mine).config["layers_block_type"] == mine
+    # Qwen2's layer kinds follow the overrides they derive from, not the default's pattern
+    qwen = resolve("hf:qwen2", num_hidden_layers=3, use_sliding_window=True,
+                   sliding_window=16, max_window_layers=1).config["layer_types"]
+    assert qwen == ["full_attention", "sliding_attention", "sliding_attention"]
+
+
+def test_hf_per_layer_lists_of_a_config_file_are_cycled(tmp_path):
+    # a list the file sets is the user's pattern: cut or cycled to the new count
+    import json
+
+    import transformers
+
+    base = transformers.AutoConfig.for_model("qwen2", num_hidden_layers=2).to_dict()
+    base["layer_types"] = ["sliding_attention", "full_attention"]
+    base.update(use_sliding_window=True, sliding_window=16)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(base))
+    spec = resolve(f"hf:{path}", num_hidden_layers=3)
+    assert spec.config["layer_types"] == ["sliding_attention", "full_attention",
+                                          "sliding_attention"]
 
 
 def test_hf_composite_type_whose_causal_lm_is_the_language_model_alone():

@@ -25,14 +25,16 @@ def test_sharded_training_matches_one_process(tmp_path, mode):
 def test_ring_attention_matches_whole_sequence_attention(tmp_path):
     """The engine's ring on 4 ranks, float64: outputs and q/k/v gradients (grouped-query
     heads) equal one process's causal attention; in bfloat16 within its rounding; with
-    dropout the backward is the derivative of the forward it replays
-    (tests/ring_worker.py)."""
+    dropout the backward is the derivative of the forward it replays; under a sliding
+    window, the ring and the all-gather alike (tests/ring_worker.py)."""
     out = tmp_path / "ring.json"
     proc = torchrun(4, ["tests/ring_worker.py", str(out)], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     for name in ("out", "dq", "dk", "dv"):
         assert r[name] < 1e-12, (name, r)
+        for method in ("ring", "all-gather"):        # under a sliding window of 20 keys
+            assert r[f"window_{method}_{name}"] < 1e-12, (method, name, r)
     assert r["bf16_out"] < 2e-2 and r["bf16_dq"] < 5e-2 and r["bf16_dtypes"] == 0, r
     assert r["dropout_directional"] < 1e-6, r
     assert r["dropout_changes_output"] > 1e-3, r            # the dropout path ran

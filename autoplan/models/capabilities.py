@@ -9,7 +9,7 @@
 * ``sequence_parallel`` — sequence sharding of the residual stream between them (needs TP);
 * ``pipeline`` — splitting the blocks over pipeline stages (``pp > 1``);
 * ``context_parallel`` — the sequence split over ranks (``cp > 1``): the built-in GPT and
-  the Hugging Face rotary decoders without sliding-window layers (:func:`hf_cp_gap`),
+  the adapted Hugging Face decoders (:func:`hf_cp_gap`),
   ``cp_reason`` saying why not;
 * ``reason`` — one clause per refused parallelism of the three above, ``""`` when all are
   allowed;
@@ -44,6 +44,10 @@ embeddings                                           head's shard and the embedd
                                                      or two pipeline stages
 any other model          yes     no      yes         the generic runtime (TP without PP)
 =======================  ======  ======  ==========  ================================
+
+Context parallelism (``context_parallel``, :func:`hf_cp_gap`): the built-in GPT and every
+adapted Hugging Face decoder above (GPT-2 with its learned positions, the rotary decoders,
+their sliding-window layers masked by position); not the generic runtime.
 """
 
 from __future__ import annotations
@@ -120,8 +124,8 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
         pipeline=flags["pipeline"], runs=flags["runs"],
         reason="the generic runtime: no sequence parallelism, and tensor parallelism only "
                "without pipeline stages (autoplan.capability)",
-        cp_reason=f"the engine runs context parallelism for the built-in GPT and Hugging "
-                  f"Face rotary decoders, not {spec.source}:{spec.name} (the generic runtime)")
+        cp_reason=f"the engine runs context parallelism for the built-in GPT and the "
+                  f"adapted Hugging Face decoders, not {spec.source}:{spec.name} (the generic runtime)")
 
 
 #: Hugging Face stage adapters (engine.hf_arch) that cannot shard heads, and why.
@@ -154,16 +158,26 @@ def layer_kinds(config) -> list[str]:
     return kinds
 
 
+#: Attention layer kinds (``config.layer_types``) the engine's context parallelism runs.
+CP_LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
 def hf_cp_gap(model_type: str, config) -> str | None:
     """Why the engine cannot split the sequence of an adapted Hugging Face type over ranks
     (None: it can): its context-parallel attention (:func:`autoplan.models.context_parallel.
-    attend`) is causal over the whole sequence, with rotary positions (GPT-2's learned ones
-    are not sharded)."""
-    if model_type == "gpt2":
-        return ("the engine runs context parallelism for rotary decoders (llama, mistral, "
-                "qwen2, mixtral, qwen3_moe), not gpt2's learned positions")
-    if any(k != "full_attention" for k in layer_kinds(config)):
-        return (f"{model_type} with sliding-window attention layers: the engine's "
-                "context-parallel attention is causal over the whole sequence")
+    attend`) masks by position, causal over the whole sequence or within a layer's sliding
+    window (:func:`layer_kinds`); each rank's positions (rotary, or GPT-2's learned ones)
+    are those of its own chunks. A layer of another kind is refused."""
+    other = sorted(set(layer_kinds(config)) - set(CP_LAYER_KINDS))
+    if other:
+        return (f"{model_type} with {', '.join(other)} layers: the engine's context-parallel "
+                f"attention masks only {' and '.join(CP_LAYER_KINDS)} layers")
     return None
+
+
+def layer_window(config, index: int) -> int | None:
+    """The sliding window of layer ``index`` (None: it attends over the whole sequence)."""
+    if layer_kinds(config)[index] != "sliding_attention":
+        return None
+    return int(config.sliding_window)
 

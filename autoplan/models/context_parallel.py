@@ -17,6 +17,11 @@ Causal attention gives later tokens more work, so the sequence is cut into ``2 c
 and rank ``r`` holds chunks ``r`` and ``2 cp - 1 - r`` (Llama 3 sec. 3.3.2; Megatron-LM's
 context parallelism): every rank then does the same attention work.
 
+Masks come from positions (:meth:`ContextParallel.visible`): causal, and for a layer with a
+sliding window (Mistral, Qwen2's sliding layers) only the last ``window`` keys. Both
+exchanges still move every block (a block wholly outside a query chunk's window is masked,
+not skipped), so a window changes what is computed, not what is sent.
+
 This module gives the engine-side pieces both the built-in GPT and the cost model share:
 which positions a rank holds, its rows of a batch, the differentiable all-gather, and the
 ring (:func:`ring_attention`).
@@ -76,12 +81,25 @@ class ContextParallel:
     rank: int
     seq_len: int                      # the whole sequence
     method: str = "all-gather"        # autoplan.pricing.CP_COMMS
+    window: int | None = None         # sliding window: a query sees the last ``window`` keys
 
     def __post_init__(self) -> None:
         from autoplan.errors import one_of
         from autoplan.pricing import CP_COMMS
 
         one_of(self.method, CP_COMMS, "context-parallel exchange")
+        if self.window is not None and (isinstance(self.window, bool) or
+                                        not isinstance(self.window, int) or self.window < 1):
+            raise ValueError(f"sliding window must be a positive int, got {self.window!r}")
+
+    def visible(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """(queries, keys) boolean mask from their positions: a query sees the keys at or
+        before it, and under a sliding window only the last ``window`` of them
+        (``q - window < k <= q``, transformers' ``sliding_window_overlay``)."""
+        mask = queries[:, None] >= keys[None, :]
+        if self.window is not None:
+            mask &= keys[None, :] > queries[:, None] - self.window
+        return mask
 
     def positions(self, device=None) -> torch.Tensor:
         return chunk_positions(self.seq_len, self.cp, self.rank).to(device)
@@ -97,8 +115,8 @@ class ContextParallel:
         return _GatherAlong.apply(t, dim, self.group)
 
     def causal_mask(self, device=None) -> torch.Tensor:
-        """(local queries, all keys) boolean mask: a query sees keys at or before it."""
-        return self.positions(device)[:, None] >= self.all_positions(device)[None, :]
+        """(local queries, all keys) boolean mask (:meth:`visible`)."""
+        return self.visible(self.positions(device), self.all_positions(device))
 
 
 def _expand(t: torch.Tensor, rep: int) -> torch.Tensor:
@@ -207,10 +225,10 @@ class _Ring(torch.autograd.Function):
 
 
 def _visible(cp: ContextParallel, step: int, positions: torch.Tensor) -> torch.Tensor:
-    """(local queries, keys of the block in hand at ``step``) causal mask: the block of
-    rank ``rank - step``."""
+    """(local queries, keys of the block in hand at ``step``) mask (:meth:`ContextParallel.
+    visible`): the block of rank ``rank - step``."""
     keys = chunk_positions(cp.seq_len, cp.cp, (cp.rank - step) % cp.cp).to(positions.device)
-    return positions[:, None] >= keys[None, :]
+    return cp.visible(positions, keys)
 
 
 def _fold(t: torch.Tensor, rep: int) -> torch.Tensor:

@@ -339,7 +339,8 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
                                  relayered="num_hidden_layers" in routed)
         merged[sub_key] = {**inner, **routed}
     if layers is not None:
-        merged = follow_layer_count(base, merged, layers, set(top))
+        merged = _with_layer_count(model_type, base, merged, layers, set(top), set(values),
+                                   source)
     config = _config(model_type, merged, source=source)
     task = _task_of(config, architectures, explicit_task, source)
     _check_config(config, task, source)
@@ -360,6 +361,31 @@ def resolve(name_or_path: str, /, **overrides: Any) -> ModelSpec:
         extra["capacity_factor"] = _capacity_factor(capacity_factor, config)
     return ModelSpec("hf", model_type, {**diff, "attn_implementation": attn, "task": task,
                                         **extra})
+
+
+def _with_layer_count(model_type: str, base, merged: dict[str, Any], layers: int,
+                      given: set[str], from_file: set[str], source: str) -> dict[str, Any]:
+    """``merged`` for a new layer count: the per-layer lists of ``base`` that neither the
+    overrides (``given``) nor the file (``from_file``) set are first left for transformers
+    to derive again from the new values (Qwen2's ``layer_types`` from ``use_sliding_window``
+    and ``max_window_layers``: cycling the default's pattern would keep every layer full
+    whatever they say); where it does not derive them at the new count, or refuses, they
+    are cycled as :func:`~autoplan.models.hf_fields.follow_layer_count` does, as are the
+    file's lists."""
+    old = config_value(base, "num_hidden_layers")
+    lists = {k for k, v in base.to_dict().items()
+             if isinstance(v, list) and isinstance(old, int) and len(v) == old}
+    derived = lists - given - from_file
+    if derived:
+        attempt = follow_layer_count(base, merged, layers, given | derived)
+        try:
+            built = _config(model_type, attempt, source=source).to_dict()
+        except ConfigError:
+            built = None
+        if built is not None and all(isinstance(built.get(k), list) and
+                                     len(built[k]) == layers for k in derived):
+            return attempt
+    return follow_layer_count(base, merged, layers, given)
 
 
 def _capacity_factor(value: Any, config) -> float:
