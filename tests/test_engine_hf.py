@@ -2,7 +2,7 @@
 
 Tiny GPT-2 (eager attention; tied embeddings as GPT-2 ships, and untied for pipelining),
 Llama (sdpa, grouped-query attention) and Qwen2 (eager, q/k/v biases, a sliding-window layer)
-built offline from their config classes, dropout 0, fp32, 20 steps. Each layout's per-step
+built offline from their config classes, dropout 0, fp32, 10 steps. Each layout's per-step
 losses must match a single-process run of the same model to 1e-4 relative at every step.
 Plans come from the planner's builder over the tracer's graph (``tests/engine_helpers.py``);
 the references share one 1-rank launch and the layouts of one world size share one torchrun
@@ -33,8 +33,8 @@ from engine.tensor_parallel import tp_plan
 from engine.validate import check_engine_support
 from engine_helpers import TINY, losses, make_plan, max_rel_diff, run_plans, torchrun
 
-STEPS = 20
-OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "20"]
+STEPS = 10
+OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "10"]
 TOL = 1e-4
 
 _GPT2 = dict(n_layer=4, n_embd=64, n_head=4, vocab_size=128, n_positions=64, resid_pdrop=0.0,
@@ -104,7 +104,7 @@ def reference(tmp_path_factory):
     refs = {name: losses(out / name) for name in SPECS}
     for ref in refs.values():
         assert sorted(ref) == list(range(1, STEPS + 1))
-        assert ref[STEPS] < ref[1] - 0.3          # it learns: parity is not trivial
+        assert ref[STEPS] < ref[1] - 0.1          # it learns: parity is not trivial
     return refs
 
 
@@ -139,7 +139,7 @@ def test_hf_parity_four_ranks(world4, reference, name):
 
 @pytest.mark.multiproc
 def test_hf_kill_and_resume(world2, tmp_path):
-    """Tied GPT-2 under ZeRO-2, SIGKILLed after step 10 and resumed from its DCP checkpoint
+    """Tied GPT-2 under ZeRO-2, SIGKILLed after step 6 and resumed from its DCP checkpoint
     (one weight under two names, FSDP-sharded), reproduces world2's uninterrupted run."""
     name = "gpt2_tied_dp2_zero2"
     model, kw = WORLD2[name]
@@ -148,15 +148,15 @@ def test_hf_kill_and_resume(world2, tmp_path):
     def run(*extra):
         return torchrun(2, ["-m", "engine.run", str(plan), "--out", str(tmp_path / "run"),
                             "--steps", str(STEPS), *OPTIONS, "--memory", "off",
-                            "--checkpoint-every", "5", *extra])
+                            "--checkpoint-every", "3", *extra])
 
-    assert run("--kill-after-step", "10").returncode != 0
+    assert run("--kill-after-step", "6").returncode != 0
     resumed = run("--resume")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert "resumed from" in resumed.stdout and "step_00000010" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "step_00000006" in resumed.stdout
     want, got = losses(world2 / name), losses(tmp_path / "run")
     assert sorted(got) == list(range(1, STEPS + 1))
-    for step in range(11, STEPS + 1):
+    for step in range(7, STEPS + 1):
         assert got[step] == pytest.approx(want[step], rel=1e-6, abs=0), step
 
 

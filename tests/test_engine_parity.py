@@ -1,4 +1,4 @@
-"""Loss parity: every parallel layout trains like one process (fp32, 20 steps, dropout 0).
+"""Loss parity: every parallel layout trains like one process (fp32, 10 steps, dropout 0).
 
 Each layout's per-step losses must match the single-process run's to 1e-4 relative at every
 step. The references (one per model) run in one single-process launch; the layouts of
@@ -18,8 +18,8 @@ from engine_helpers import TINY_LLAMA, TINY_LLAMA_FUSED, losses, make_plan, max_
 
 pytestmark = pytest.mark.multiproc
 
-STEPS = 20
-OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "20"]
+STEPS = 10
+OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "10"]
 TOL = 1e-4
 
 WORLD2 = {
@@ -71,7 +71,7 @@ def reference(tmp_path_factory):
     refs = {name: losses(out / name) for name in singles}
     for ref in refs.values():
         assert sorted(ref) == list(range(1, STEPS + 1))
-        assert ref[STEPS] < ref[1] - 0.3          # it learns: parity is not trivial
+        assert ref[STEPS] < ref[1] - 0.1          # it learns: parity is not trivial
     return refs
 
 

@@ -326,8 +326,8 @@ def test_selective_policy_recomputes_the_attention_core_only(attention):
 
 
 # ---- multi-process parity ----------------------------------------------------------------
-STEPS = 20
-OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "20"]
+STEPS = 10
+OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "10"]
 EAGER_TINY = dict(TINY, attention="eager")
 PARITY = {
     "dp2_selective": dict(dp=2, checkpoint="selective", model=EAGER_TINY),
@@ -345,7 +345,7 @@ def test_selective_loss_parity_two_ranks(tmp_path):
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
     refs = {name[4:]: losses(tmp_path / name) for name in singles}
     for ref in refs.values():
-        assert ref[STEPS] < ref[1] - 0.3                      # it learns
+        assert ref[STEPS] < ref[1] - 0.1                      # it learns
     proc = run_plans(2, tmp_path, {k: make_plan(**kw) for k, kw in PARITY.items()},
                      steps=STEPS, extra=OPTIONS)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]

@@ -99,7 +99,7 @@ def test_plan_field_and_exporters():
                                               "reduce": "float32"}))
 
 
-STEPS = 12
+STEPS = 8
 OPTIONS = ["--lr", "0.003", "--warmup-steps", "1", "--log-every", "12"]
 
 
