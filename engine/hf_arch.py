@@ -144,7 +144,8 @@ def _shape_like(hidden: torch.Tensor, seq_len: int) -> torch.Tensor:
 @dataclass(frozen=True, kw_only=True)
 class GPT2Adapter(HFAdapter):
     """GPT-2 (``GPT2LMHeadModel``): learned positions, pre-LayerNorm blocks, ``ln_f``.
-Under context parallelism each rank looks up the learned positions of its own two chunks.
+    Under context parallelism each rank looks up the learned positions of its own two
+    chunks, and the attention masks by position.
 
     No tensor parallelism: attention projects q, k and v with one fused ``Conv1D``
     (``c_attn``, weight (h, 3h)) and splits its output at fixed offsets ``split_size = h``; a

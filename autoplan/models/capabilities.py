@@ -125,7 +125,8 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
         reason="the generic runtime: no sequence parallelism, and tensor parallelism only "
                "without pipeline stages (autoplan.capability)",
         cp_reason=f"the engine runs context parallelism for the built-in GPT and the "
-                  f"adapted Hugging Face decoders, not {spec.source}:{spec.name} (the generic runtime)")
+                  f"adapted Hugging Face decoders, not {spec.source}:{spec.name} (the "
+                  f"generic runtime)")
 
 
 #: Hugging Face stage adapters (engine.hf_arch) that cannot shard heads, and why.
@@ -180,4 +181,3 @@ def layer_window(config, index: int) -> int | None:
     if layer_kinds(config)[index] != "sliding_attention":
         return None
     return int(config.sliding_window)
-
