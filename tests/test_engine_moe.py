@@ -200,6 +200,22 @@ def test_cp_masks_full_and_sliding_layers_and_refuses_other_kinds():
     assert "chunked_attention layers" in hf_cp_gap("llama4", chunked)
 
 
+def test_each_hf_layer_gets_its_own_window_under_cp():
+    """A stage's attention modules carry their layer's window (None for full attention), so
+    the parity run of HF_QWEN2 above exercises both masks (the mask math itself is checked
+    against whole-sequence attention in tests/ring_worker.py)."""
+    from types import SimpleNamespace
+
+    from engine.hf_stage import build_hf_chunk, layer_names
+
+    names = layer_names(HF_QWEN2, 2)
+    stage = build_hf_chunk(HF_QWEN2, names)
+    stage.shard_sequence(SimpleNamespace(size=lambda: 2, rank=lambda: 0), 256, "ring")
+    windows = [block.self_attn.autoplan_cp.window for block in stage.blocks.values()]
+    assert windows == [None, 48]
+    assert stage.config._attn_implementation == "autoplan_context_parallel"
+
+
 def test_engine_accepts_ep_and_cp_plans():
     from engine.runtime import check_all
 
