@@ -373,9 +373,8 @@ def _with_layer_count(model_type: str, base, merged: dict[str, Any], layers: int
     are cycled as :func:`~autoplan.models.hf_fields.follow_layer_count` does, as are the
     file's lists."""
     old = config_value(base, "num_hidden_layers")
-    lists = {k for k, v in base.to_dict().items()
-             if isinstance(v, list) and isinstance(old, int) and len(v) == old}
-    derived = lists - given - from_file
+    derived = {k for k, v in base.to_dict().items() if isinstance(v, list) and
+               len(v) == old} - given - from_file if isinstance(old, int) else set()
     if derived:
         attempt = follow_layer_count(base, merged, layers, given | derived)
         try:

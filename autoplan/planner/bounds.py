@@ -16,6 +16,7 @@ planner says so with the numbers, in milliseconds, instead of tracing and search
 
 from __future__ import annotations
 
+import math
 import time
 
 from autoplan.cluster import Cluster
@@ -86,8 +87,6 @@ def check_states_fit(spec, cluster: Cluster, precision: str) -> float:
 
 def _devices_needed(total_bytes: float, per_device: float, cluster: Cluster) -> int:
     """The fewest whole nodes' devices whose memory holds ``total_bytes``."""
-    import math
-
     dpn = cluster.devices_per_node
     return math.ceil(total_bytes / per_device / dpn) * dpn
 
@@ -111,18 +110,15 @@ def devices_fed(graph, global_batch: int, devices_per_node: int) -> int:
     larger clusters lay whole submeshes of copies (gpt-small, batch 64, 1,024 nodes: 72 of
     8,192 devices doing distinct work) and write every rank into the plan (291 MB for 16.7M
     devices), so a larger cluster is refused before searching."""
-    import math
-
     return math.prod(_split_ways(graph, global_batch, devices_per_node))
 
 
 def check_devices_fed(graph, cluster: Cluster, global_batch: int) -> None:
     """InfeasibleError when ``cluster`` has more devices than :func:`devices_fed`, naming the
     node count that holds them and the batch that would feed the cluster."""
-    import math
-
-    samples, per_node, layers, cp = _split_ways(graph, global_batch, cluster.devices_per_node)
-    most = math.prod((samples, per_node, layers, cp))
+    ways = _split_ways(graph, global_batch, cluster.devices_per_node)
+    samples, per_node, layers, cp = ways
+    most = math.prod(ways)
     if cluster.world_size <= most:
         return
     nodes = max(1, most // per_node)
