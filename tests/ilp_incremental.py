@@ -15,6 +15,20 @@ from autoplan.planner.search.intra_op import IlpBuilder
 class IncrementalBuilder(IlpBuilder):
     """Every variable, row and coefficient set through the wrapper as it is made."""
 
+    @property
+    def proto(self):
+        """The model as the solver holds it, exported (IlpBuilder keeps its own copy in
+        step; the LP relaxation starts from it)."""
+        from ortools.linear_solver import linear_solver_pb2
+
+        model = linear_solver_pb2.MPModelProto()
+        self.s.ExportModelToProto(model)
+        return model
+
+    @proto.setter
+    def proto(self, value) -> None:         # (IlpBuilder's own copy: none to keep here)
+        pass
+
     def _var(self, lb: float, ub: float, integer: bool = False):
         return self.s.Var(lb, ub, integer, "")
 

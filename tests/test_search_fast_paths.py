@@ -233,12 +233,14 @@ def test_kind_tables_equal_the_loop_over_layouts(small, mesh):
 
 
 def _model(solver) -> list:
-    """A solver's model as comparable data: variables (bounds, integrality, objective
+    """A solver's model (or a model proto) as comparable data: variables (bounds, integrality, objective
     coefficient), rows (bounds, coefficients by variable index), the sense; names left out."""
     from ortools.linear_solver import linear_solver_pb2
 
-    proto = linear_solver_pb2.MPModelProto()
-    solver.ExportModelToProto(proto)
+    proto = solver
+    if not isinstance(solver, linear_solver_pb2.MPModelProto):
+        proto = linear_solver_pb2.MPModelProto()
+        solver.ExportModelToProto(proto)
     return [[(v.lower_bound, v.upper_bound, v.is_integer, v.objective_coefficient)
              for v in proto.variable],
             [(c.lower_bound, c.upper_bound, sorted(zip(c.var_index, c.coefficient)))
@@ -267,11 +269,12 @@ def test_ilp_model_proto_equals_the_incremental_build(small, mesh):
         new, old = IlpBuilder(ilp), IncrementalBuilder(ilp)
         new.build()
         old.build()
-        assert _model(new.s) == _model(old.s)
+        assert _model(new.s) == _model(old.s) == _model(new.proto)
         for w in (ilp_weight(lam) for lam in LAMBDAS):
             new.reweight(w)
             old.reweight(w)
-            assert _model(new.s) == _model(old.s)
+            # (the kept proto, which the LP relaxation starts from, follows the weight)
+            assert _model(new.s) == _model(old.s) == _model(new.proto)
             at = ilp.__class__(**{**ilp.__dict__, "mem_weight": w})
             a, b = _run(new, at, 30.0, False, 0.0), _run(old, at, 30.0, False, 0.0)
             assert (a.choice, a.zero, a.objective) == (b.choice, b.zero, b.objective)

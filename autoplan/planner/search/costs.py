@@ -161,6 +161,7 @@ class CostModel:
         self._op_cache: dict[tuple[str, float], tuple[float, float]] = {}
         self._coll_cache: dict[tuple, float | tuple[float, float]] = {}
         self._struct_cache: dict[tuple, list] = {}
+        self._facts_cache: dict[tuple, tuple] = {}
         self._packed_cache: dict[tuple, PackedAnchor] = {}
         self._tensor_edges: dict[tuple, list[TensorEdge]] = {}
         self._edge_cache: dict[tuple, tuple] = {}
@@ -328,6 +329,23 @@ class CostModel:
             self._struct_cache[key] = hit
         return hit
 
+    def _op_facts(self, kg: KindGraph, pos: int, node) -> tuple[tuple[bool, ...], ...]:
+        """(activation input?, input grows with the batch?, output grows with the batch?)
+        per input / output of op ``pos``: what :meth:`_candidate` asks of every strategy on
+        every mesh, which depends on neither (cached per kind and op)."""
+        key = (kg.kind, kg.layer, pos)
+        hit = self._facts_cache.get(key)
+        if hit is None:
+            info = kg.ops[pos]
+            acts = tuple(src.kind in ("external", "leaf") or
+                         (src.kind == "op" and src.ref not in kg.param_chain)
+                         for src in info.inputs)
+            hit = self._facts_cache[key] = (
+                acts,
+                tuple(_scaled(p, m) for p, m in zip(info.input_shapes, node.input_meta)),
+                tuple(_scaled(p, m) for p, m in zip(info.output_shapes, node.output_meta)))
+        return hit
+
     def _candidate(self, kg, a, k, mem, nodes, sizes, exported) -> "_Candidate | None":
         """Anchor ``a`` choosing strategy ``k``: what it costs, in terms of the micro-batch
         scale (None if invalid on the mesh whatever the micro-batch)."""
@@ -338,9 +356,7 @@ class CostModel:
             info = kg.ops[pos]
             s = info.strategies[member_choice(kg, pos, k)]
             node = nodes[pos]
-            acts = tuple(src.kind in ("external", "leaf") or
-                         (src.kind == "op" and src.ref not in kg.param_chain)
-                         for src in info.inputs)
+            acts, in_scaled, out_scaled = self._op_facts(kg, pos, node)
             # validity: shards divide the real dims; size-1 axes carry only Replicate
             # (a Partial parameter input, the bias of a row-parallel op, is stored replicated)
             for spec, shape_p, meta in list(zip(s.inputs, info.input_shapes, node.input_meta)) \
@@ -362,18 +378,15 @@ class CostModel:
                         spec[a_] != "R" and not (spec[a_] == "P" and not act)
                         for spec, act in zip(s.inputs, acts)):
                     return None
-            split = splits(s, acts)
+            split = _splits(s, acts)
             n_split = math.prod(sizes[x] for x in range(AXES) if split[x])
-            batchy = any(_scaled(p, m) for p, m in zip(info.output_shapes, node.output_meta)) \
-                or any(_scaled(p, m) for p, m in zip(info.input_shapes, node.input_meta))
+            batchy = any(out_scaled) or any(in_scaled)
             # the axes along which it shards the batch (dim 0 of its batch-sized output)
-            out0 = next((o for o, pshape, m in zip(s.outputs, info.output_shapes,
-                                                   node.output_meta)
-                         if o is not None and _scaled(pshape, m)), None)
+            out0 = next((o for o, sc in zip(s.outputs, out_scaled) if o is not None and sc),
+                        None)
             if out0 is None:     # a reduction over the batch (the loss): its batch input
-                out0 = next((i for i, pshape, m, act in zip(s.inputs, info.input_shapes,
-                                                            node.input_meta, acts)
-                             if act and _scaled(pshape, m)), None)
+                out0 = next((i for i, sc, act in zip(s.inputs, in_scaled, acts)
+                             if act and sc), None)
             batch_split = math.prod(sizes[x] for x in range(AXES) if split[x] and out0
                                     is not None and _dim(out0[x]) == 0)
             rec.ops.append((node.name, n_split // batch_split, batch_split, batchy))
@@ -383,7 +396,7 @@ class CostModel:
                     not in seen_moves:   # the follower reshards its input first (once)
                 seen_moves.add((info.inputs[q].ref, info.inputs[q].output, move))
                 meta = node.input_meta[q]
-                sc = _scaled(info.input_shapes[q], meta)
+                sc = in_scaled[q]
                 for c in conversions(move[0], move[1], sizes):
                     rec.moves.append(("fwd", c.collective, c.axis, meta.nbytes, sc, c.divisor))
                 # backward of a gather: the consumers' partial sums are reduce-scattered
@@ -399,8 +412,7 @@ class CostModel:
                 shard = math.prod(sizes[x] for x in range(AXES)
                                   if o0 is not None and o0[x].startswith("S"))
                 # its saved outputs grow with the batch if they do (not a loss's scalars)
-                grows = any(_scaled(p, m) for p, m in zip(info.output_shapes,
-                                                          node.output_meta))
+                grows = any(out_scaled)
                 if kept_here:
                     rec.saved.append((node.saved_bytes, grows, shard,
                                       node.saved_is_attention_matrix))
@@ -437,6 +449,9 @@ class CostModel:
             rec.tp_matmuls += tp_matmul
         return rec
 
+
+#: the work-splitting axes of a strategy, cached (asked per strategy, mesh and member op)
+_splits = functools.lru_cache(maxsize=65536)(splits)
 
 #: shard_dim of a placement string, cached (a pure function the structure asks ~80,000
 #: times of a handful of strings)

@@ -231,6 +231,10 @@ class IlpBuilder:
         self._int: list[bool] = []
         self._rows: list[tuple[float, float, list[int], list[float]]] = []
         self._vars: list = []
+        self._weighted: list | None = None    # parts of the columns with memory (reweight)
+        #: the model as loaded into the solver (``MPModelProto``), its objective kept in
+        #: step by :meth:`reweight`: the LP relaxation starts from it (:func:`_relaxation`)
+        self.proto = None
 
     # ---- helpers -------------------------------------------------------------------------
     @staticmethod
@@ -253,13 +257,22 @@ class IlpBuilder:
 
     def reweight(self, mem_weight: float) -> None:
         """Set the objective for memory weight ``mem_weight``, the model otherwise as
-        built: the same coefficients a build at that weight gives."""
+        built: the same coefficients a build at that weight gives. Only the columns with a
+        memory term change (a GPT-sized ILP's pair variables, most of its columns, have
+        none), so only theirs are summed and set again, in the solver and in
+        :attr:`proto`."""
+        if self._weighted is None:
+            touched = {var for var, _, mem in self.parts if mem is not None}
+            self._weighted = [part for part in self.parts if part[0] in touched]
         objective = self.s.Objective()
         coefs: dict = {}
-        for var, cost, mem in self.parts:
+        for var, cost, mem in self._weighted:
             self._add(coefs, var, cost if mem is None else cost + mem_weight * mem)
-        for var, _, _ in self.parts:
-            objective.SetCoefficient(self._vars[var], coefs.get(var, 0.0))
+        columns = self.proto.variable
+        for var in dict.fromkeys(var for var, _, _ in self._weighted):
+            value = coefs.get(var, 0.0)
+            objective.SetCoefficient(self._vars[var], value)
+            columns[var].objective_coefficient = value
         objective.SetMinimization()
 
     def _row(self, lb: float, ub: float, terms) -> None:
@@ -292,6 +305,7 @@ class IlpBuilder:
         error = self.s.LoadModelFromProto(model)
         if error:
             raise RuntimeError(f"OR-Tools refused the intra-op ILP: {error}")
+        self.proto = model
         self.s.Objective().SetMinimization()
         self._vars = self.s.variables()
         self.x = [[self._vars[i] for i in xs] for xs in self.x]
@@ -361,15 +375,21 @@ class IlpBuilder:
 
     def _add_partials(self) -> None:
         p = self.p
+        rows_of: dict[int, dict[int, list[tuple[int, int]]]] = {}   # k -> a -> [(b, var)]
         for g in p.partials:
+            for k, _ in g.pairs:
+                if k not in rows_of:
+                    by_a = rows_of[k] = {}
+                    for (a, b), var in self.e[k].items():     # (in the pairs' order)
+                        by_a.setdefault(a, []).append((b, var))
             for i in range(len(g.cost)):
                 if not g.cost[i]:
                     continue
                 y = self._var(0.0, 1.0)
                 self._cost(y, g.cost[i])
                 for k, mask in g.pairs:
-                    for (a, b), var in self.e[k].items():
-                        if a == i and mask[a, b]:
+                    for b, var in rows_of[k].get(i, ()):
+                        if mask[i, b]:
                             self._row(0, self.inf, [(y, 1), (var, -1)])      # y >= e
 
     def _terms(self, lin: Linear, scale: float = 1.0) -> list:
@@ -525,7 +545,7 @@ def _relaxation(builder: IlpBuilder, problem: IntraOpProblem, time_limit_s: floa
     from ortools.linear_solver import linear_solver_pb2, pywraplp
 
     model = linear_solver_pb2.MPModelProto()
-    builder.s.ExportModelToProto(model)
+    model.CopyFrom(builder.proto)             # the model as loaded, objective as reweighted
     xs = [[v.index() for v in group] for group in builder.x]
     zs = [v.index() for v in builder.zeta]
     integer = [i for group in xs for i in group] + zs         # the model's integer columns
