@@ -113,6 +113,9 @@ def test_trace_json(capsys):
 
 @pytest.mark.parametrize("argv, needle", [
     (["plan", "gpt-5", "--cluster", "dgx-a100", "--global-batch", "8"], "unknown model 'gpt-5'"),
+    # a Hugging Face config given without its hf: prefix: how to name it, not the presets
+    (["plan", "my/config.json", "--cluster", "dgx-a100", "--global-batch", "8"],
+     "given as hf:my/config.json"),
     (["plan", *SMALL, "--cluster", "no-such-cluster", "--global-batch", "8"], "no-such-cluster"),
     (["show", "/nonexistent.json"], "cannot read plan"),
     (["estimate", *SMALL, "--cluster", "dgx-a100", "--global-batch", "64", "--tp", "3"], "tp"),

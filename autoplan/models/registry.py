@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -203,6 +204,10 @@ def resolve(name: str, /, **overrides: Any) -> ModelSpec:
         return ModelSpec("builtin", family, {**config, **overrides})
     if name in _FAMILIES:
         return ModelSpec("builtin", name, dict(overrides))
+    if name.endswith(".json") or os.path.isdir(name):
+        # a path given bare: say how to name a Hugging Face config rather than list presets
+        raise ConfigError(f"unknown model '{name}': a Hugging Face config file or folder is "
+                          f"given as hf:{name}", field="model.name")
     raise UnknownNameError("model", name, builtin_names() + ["hf:<model_type or config.json>",
                                                             "import:<pkg.module:factory>"])
 
