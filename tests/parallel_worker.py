@@ -6,7 +6,9 @@ the whole batch:
 * ``cp``: a tiny Llama-style GPT at sequence 256 with every sequence split over the ranks
   (context parallelism: load-balanced chunks, keys and values all-gathered).
 
-    torchrun --nproc_per_node=4 tests/parallel_worker.py ep|cp OUT.json
+* ``cp-gpt``: the same for a GPT-2 style GPT (learned positions, eager attention) at 128.
+
+    torchrun --nproc_per_node=4 tests/parallel_worker.py ep,cp,cp-gpt OUT.json
 """
 
 import json
@@ -51,8 +53,18 @@ def train(model, tokens, targets, reduce=None):
     return losses
 
 
-def main(mode: str, out: str) -> None:
+def main(modes: str, out: str) -> None:
+    """Each of ``modes`` (comma-separated) in turn, in one launch: ``out`` gets per mode the
+    one-process and the sharded losses."""
     dist.init_process_group("gloo")
+    results = {mode: run(mode) for mode in modes.split(",")}
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def run(mode: str) -> dict | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     setup = {"ep": EP, "cp": CP, "cp-gpt": CP_GPT}[mode]
     spec, batch, seq = setup["spec"], setup["batch"], setup["seq"]
@@ -88,10 +100,7 @@ def main(mode: str, out: str) -> None:
         return loss / world
 
     sharded = train(model, tokens, targets, reduce)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"reference": reference, "sharded": sharded}, f)
-    dist.destroy_process_group()
+    return {"reference": reference, "sharded": sharded} if rank == 0 else None
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from autoplan.cluster import Cluster, load_cluster
 from autoplan.errors import PlanError
 from autoplan.models.registry import ModelSpec
 from autoplan.plan import MeshSpec, ParallelConfig, Plan
-from engine.launch import run_local
 from engine.staged import check_staged_support, runs_per_op, schedule_actions
 from engine.transfer import routes
 from engine.zero import _chunk_sizes
@@ -265,20 +264,18 @@ def runs(plans, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def references(plans, tmp_path_factory):
-    """One single-process run per (model, batch)."""
+    """One single-process run per (model, batch), all in one launch."""
     out = tmp_path_factory.mktemp("staged_ref")
-    refs = {}
-    for name, plan in plans.items():
-        key = (repr(sorted(plan.model["config"].items())), plan.global_batch)
-        if key not in refs:
-            single = make_plan(model=plan.model["config"], global_batch=plan.global_batch,
-                               seq_len=plan.seq_len or 32)
-            path = single.save(out / f"ref{len(refs)}.json")
-            assert run_local(path, steps=STEPS, out_dir=out / f"ref{len(refs)}",
-                             extra_args=OPTIONS) == 0
-            refs[key] = losses(out / f"ref{len(refs)}")
-        refs[name] = refs[key]
-    return refs
+    keys = {name: (repr(sorted(plan.model["config"].items())), plan.global_batch)
+            for name, plan in plans.items()}
+    index = list(dict.fromkeys(keys.values()))          # the distinct (model, batch)s
+    singles = {f"ref{index.index(key)}": make_plan(model=plans[name].model["config"],
+                                                   global_batch=plans[name].global_batch,
+                                                   seq_len=plans[name].seq_len or 32)
+               for name, key in keys.items()}
+    done = run_plans(1, out, singles, steps=STEPS, extra=OPTIONS)         # one launch
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return {name: losses(out / f"ref{index.index(key)}") for name, key in keys.items()}
 
 
 def test_search_chose_what_this_test_is_about(plans):

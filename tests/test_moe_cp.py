@@ -10,12 +10,21 @@ from engine_helpers import torchrun
 pytestmark = pytest.mark.multiproc
 
 
-@pytest.mark.parametrize("mode", ["ep", "cp", "cp-gpt"])
-def test_sharded_training_matches_one_process(tmp_path, mode):
-    out = tmp_path / "losses.json"
-    proc = torchrun(4, ["tests/parallel_worker.py", mode, str(out)], timeout=300)
+MODES = ["ep", "cp", "cp-gpt"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Every mode's one-process and sharded losses, from one 4-rank launch."""
+    out = tmp_path_factory.mktemp("moe_cp") / "losses.json"
+    proc = torchrun(4, ["tests/parallel_worker.py", ",".join(MODES), str(out)], timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sharded_training_matches_one_process(trained, mode):
+    r = trained[mode]
     assert len(r["reference"]) == 4
     worst = max(abs(a - b) / abs(a) for a, b in zip(r["reference"], r["sharded"]))
     assert worst <= 1e-5, r

@@ -23,11 +23,11 @@ from autoplan.planner.search.compose import Composition, analyse, build_problem
 from autoplan.planner.search.costs import CostModel
 from autoplan.planner.grid.estimate import Estimator
 from autoplan.planner.search.evaluate import Evaluator
-from autoplan.planner.search.explain import explain_stage
+from autoplan.planner.search.explain import explain, explain_stage
 from autoplan.planner.search.inter_op import brute_force as dp_brute_force
 from autoplan.planner.search.inter_op import pipeline_dp
 from autoplan.planner.search.intra_op import (Hinge, IntraOpProblem, Linear, PartialGroup,
-                                       brute_force, explain, solve)
+                                       brute_force, solve)
 from autoplan.planner.search.megatron import uniform_choice
 from autoplan.planner.search.mesh import LogicalMesh
 from autoplan.planner.search.search import SearchOptions, search
