@@ -4,8 +4,7 @@ the whole batch:
 * ``ep``: a tiny MoE GPT with its experts sharded over every rank (expert parallelism folded
   into data parallelism), each rank its own rows of the batch;
 * ``cp``: a tiny Llama-style GPT at sequence 256 with every sequence split over the ranks
-  (context parallelism: load-balanced chunks, keys and values all-gathered).
-
+  (context parallelism: load-balanced chunks, keys and values all-gathered);
 * ``cp-gpt``: the same for a GPT-2 style GPT (learned positions, eager attention) at 128.
 
     torchrun --nproc_per_node=4 tests/parallel_worker.py ep,cp,cp-gpt OUT.json

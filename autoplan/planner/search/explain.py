@@ -3,7 +3,7 @@
 For a stage of a search result, the intra-op ILP of that stage (:func:`~autoplan.planner.
 search.compose.build_problem`: its layers, logical mesh, micro-batches, ZeRO stage, recomputation
 and memory budget) is rebuilt, the chosen layouts are written as its solution, and
-:func:`~autoplan.planner.search.intra_op.explain` prices every alternative placement of a group
+:func:`explain` prices every alternative placement of a group
 with the rest held fixed: the difference in the step-time objective (compute, resharding,
 gradient synchronisation, optimizer) and in memory per device, and whether it would fit.
 """
@@ -12,11 +12,27 @@ from __future__ import annotations
 
 from autoplan.cost.memory import in_flight_micro_batches, solver_budget_bytes
 from autoplan.planner.search.compose import Composition, build_problem
-from autoplan.planner.search.intra_op import Solution, explain, objective
+from autoplan.planner.search.intra_op import IntraOpProblem, Solution, objective
 from autoplan.placement import short
 from autoplan.planner.search.strategies import Strategy
 
 GB = 1e9
+
+
+def explain(problem: IntraOpProblem, solution: Solution, group: int) -> list[dict]:
+    """Every alternative of ``group`` priced with the rest of ``solution`` fixed: its
+    objective terms, memory and the difference to the chosen one (chosen first)."""
+    rows = []
+    base = objective(problem, solution.choice, solution.zero)
+    for j in range(problem.sizes[group]):
+        choice = list(solution.choice)
+        choice[group] = j
+        val = objective(problem, choice, solution.zero)
+        rows.append({"candidate": j, "chosen": j == solution.choice[group],
+                     "fits": val["memory"] <= problem.budget * (1 + 1e-9), **val,
+                     "delta": val["total"] - base["total"]})
+    rows.sort(key=lambda r: (not r["chosen"], r["total"]))
+    return rows
 
 
 def describe(strategy: Strategy) -> str:

@@ -232,9 +232,7 @@ class IlpBuilder:
         self._rows: list[tuple[float, float, list[int], list[float]]] = []
         self._vars: list = []
         self._weighted: list | None = None    # parts of the columns with memory (reweight)
-        #: the model as loaded into the solver (``MPModelProto``), its objective kept in
-        #: step by :meth:`reweight`: the LP relaxation starts from it (:func:`_relaxation`)
-        self.proto = None
+        self.proto = None   # the MPModelProto loaded, as reweighted (the LP relaxation's)
 
     # ---- helpers -------------------------------------------------------------------------
     @staticmethod
@@ -256,11 +254,9 @@ class IlpBuilder:
         self._add(self.obj, var, cost if mem is None else cost + lam * mem)
 
     def reweight(self, mem_weight: float) -> None:
-        """Set the objective for memory weight ``mem_weight``, the model otherwise as
-        built: the same coefficients a build at that weight gives. Only the columns with a
-        memory term change (a GPT-sized ILP's pair variables, most of its columns, have
-        none), so only theirs are summed and set again, in the solver and in
-        :attr:`proto`."""
+        """Set the objective for memory weight ``mem_weight`` (in the solver and in
+        :attr:`proto`), the model otherwise as built: the coefficients a build at that
+        weight gives. Only columns with a memory term change (not the many pair columns)."""
         if self._weighted is None:
             touched = {var for var, _, mem in self.parts if mem is not None}
             self._weighted = [part for part in self.parts if part[0] in touched]
@@ -376,19 +372,17 @@ class IlpBuilder:
     def _add_partials(self) -> None:
         p = self.p
         rows_of: dict[int, dict[int, list[tuple[int, int]]]] = {}   # k -> a -> [(b, var)]
+        for k in {k for g in p.partials for k, _ in g.pairs}:
+            for (a, b), var in self.e[k].items():             # (in the pairs' order)
+                rows_of.setdefault(k, {}).setdefault(a, []).append((b, var))
         for g in p.partials:
-            for k, _ in g.pairs:
-                if k not in rows_of:
-                    by_a = rows_of[k] = {}
-                    for (a, b), var in self.e[k].items():     # (in the pairs' order)
-                        by_a.setdefault(a, []).append((b, var))
             for i in range(len(g.cost)):
                 if not g.cost[i]:
                     continue
                 y = self._var(0.0, 1.0)
                 self._cost(y, g.cost[i])
                 for k, mask in g.pairs:
-                    for b, var in rows_of[k].get(i, ()):
+                    for b, var in rows_of.get(k, {}).get(i, ()):
                         if mask[i, b]:
                             self._row(0, self.inf, [(y, 1), (var, -1)])      # y >= e
 
@@ -603,18 +597,3 @@ def _infeasible_message(problem: IntraOpProblem) -> str:
             "more devices per stage, more pipeline stages, a smaller micro-batch or "
             "activation checkpointing would help")
 
-
-def explain(problem: IntraOpProblem, solution: Solution, group: int) -> list[dict]:
-    """Every alternative of ``group`` priced with the rest of ``solution`` fixed: its
-    objective terms, memory and the difference to the chosen one (chosen first)."""
-    rows = []
-    base = objective(problem, solution.choice, solution.zero)
-    for j in range(problem.sizes[group]):
-        choice = list(solution.choice)
-        choice[group] = j
-        val = objective(problem, choice, solution.zero)
-        rows.append({"candidate": j, "chosen": j == solution.choice[group],
-                     "fits": val["memory"] <= problem.budget * (1 + 1e-9), **val,
-                     "delta": val["total"] - base["total"]})
-    rows.sort(key=lambda r: (not r["chosen"], r["total"]))
-    return rows
