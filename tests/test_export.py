@@ -196,6 +196,14 @@ def test_command(problem, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error: DeepSpeed cannot express this plan")
     with pytest.raises(SystemExit):
         run_cli(["export", str(path), "--to", "colossalai"])
+    capsys.readouterr()
+    # a model value out of range in the plan file: one line naming the file and the field
+    doc = json.loads(path.read_text())
+    doc["model"]["config"]["layers"] = 10 ** 9
+    (tmp_path / "edited.json").write_text(json.dumps(doc))
+    assert run_cli(["export", str(tmp_path / "edited.json"), "--to", "megatron"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "edited.json: field 'model.layers'" in err[0]
 
 
 def test_search_plans_export_when_uniform_and_refuse_per_op_placements_by_name(tmp_path):

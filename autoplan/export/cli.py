@@ -43,7 +43,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"must be >= 1, got {args.steps}", field="--steps")
     plan = Plan.load(args.plan)
-    result = export_plan(plan, args.target, steps=args.steps)
+    try:
+        result = export_plan(plan, args.target, steps=args.steps)
+    except ConfigError as exc:          # a value of the plan's model: name the plan file
+        if exc.source is not None:
+            raise
+        raise ConfigError(str(exc), source=args.plan) from None
     path = str(atomic_write_text(args.output, result.text)) if args.output else None
     if args.json:
         print(json.dumps({"target": args.target, "text": result.text,
