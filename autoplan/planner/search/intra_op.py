@@ -48,8 +48,8 @@ solved first (CLP), and where that optimum is integral it is the answer, without
 bound (:func:`_relaxation`).
 :func:`brute_force` enumerates every assignment of a small instance and :func:`objective`
 evaluates one — pure functions over the arrays, used to cross-check the solver
-(tests/test_search.py). :func:`explain` prices each alternative of a group with the rest of
-the solution fixed.
+(tests/test_search.py). :func:`~autoplan.planner.search.explain.explain` prices each
+alternative of a group with the rest of the solution fixed.
 """
 
 from __future__ import annotations
@@ -596,4 +596,3 @@ def _infeasible_message(problem: IntraOpProblem) -> str:
             f"memory any placement needs is {least.memory / 1e9:.2f} GB (ZeRO-{least.zero}); "
             "more devices per stage, more pipeline stages, a smaller micro-batch or "
             "activation checkpointing would help")
-
