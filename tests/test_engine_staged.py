@@ -266,16 +266,19 @@ def runs(plans, tmp_path_factory):
 def references(plans, tmp_path_factory):
     """One single-process run per (model, batch), all in one launch."""
     out = tmp_path_factory.mktemp("staged_ref")
-    keys = {name: (repr(sorted(plan.model["config"].items())), plan.global_batch)
-            for name, plan in plans.items()}
-    index = list(dict.fromkeys(keys.values()))          # the distinct (model, batch)s
-    singles = {f"ref{index.index(key)}": make_plan(model=plans[name].model["config"],
-                                                   global_batch=plans[name].global_batch,
-                                                   seq_len=plans[name].seq_len or 32)
-               for name, key in keys.items()}
+    refs: dict[tuple, str] = {}                 # (model, batch) -> its reference run
+    singles, ref_of = {}, {}
+    for name, plan in plans.items():
+        key = (repr(sorted(plan.model["config"].items())), plan.global_batch)
+        if key not in refs:
+            refs[key] = f"ref{len(refs)}"
+            singles[refs[key]] = make_plan(model=plan.model["config"],
+                                           global_batch=plan.global_batch,
+                                           seq_len=plan.seq_len or 32)
+        ref_of[name] = refs[key]
     done = run_plans(1, out, singles, steps=STEPS, extra=OPTIONS)         # one launch
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return {name: losses(out / f"ref{index.index(key)}") for name, key in keys.items()}
+    return {name: losses(out / ref) for name, ref in ref_of.items()}
 
 
 def test_search_chose_what_this_test_is_about(plans):

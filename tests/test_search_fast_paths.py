@@ -233,8 +233,9 @@ def test_kind_tables_equal_the_loop_over_layouts(small, mesh):
 
 
 def _model(solver) -> list:
-    """A solver's model (or a model proto) as comparable data: variables (bounds, integrality, objective
-    coefficient), rows (bounds, coefficients by variable index), the sense; names left out."""
+    """A solver's model (or a model proto) as comparable data: variables (bounds,
+    integrality, objective coefficient), rows (bounds, coefficients by variable index), the
+    sense; names left out."""
     from ortools.linear_solver import linear_solver_pb2
 
     proto = solver

@@ -231,7 +231,7 @@ class IlpBuilder:
         self._int: list[bool] = []
         self._rows: list[tuple[float, float, list[int], list[float]]] = []
         self._vars: list = []
-        self._weighted: list | None = None    # parts of the columns with memory (reweight)
+        self._weighted: tuple | None = None   # (columns with memory, their parts): reweight
         self.proto = None   # the MPModelProto loaded, as reweighted (the LP relaxation's)
 
     # ---- helpers -------------------------------------------------------------------------
@@ -258,14 +258,15 @@ class IlpBuilder:
         :attr:`proto`), the model otherwise as built: the coefficients a build at that
         weight gives. Only columns with a memory term change (not the many pair columns)."""
         if self._weighted is None:
-            touched = {var for var, _, mem in self.parts if mem is not None}
-            self._weighted = [part for part in self.parts if part[0] in touched]
+            touched = dict.fromkeys(var for var, _, mem in self.parts if mem is not None)
+            self._weighted = (list(touched), [p for p in self.parts if p[0] in touched])
+        touched, parts = self._weighted
         objective = self.s.Objective()
         coefs: dict = {}
-        for var, cost, mem in self._weighted:
+        for var, cost, mem in parts:
             self._add(coefs, var, cost if mem is None else cost + mem_weight * mem)
         columns = self.proto.variable
-        for var in dict.fromkeys(var for var, _, _ in self._weighted):
+        for var in touched:
             value = coefs.get(var, 0.0)
             objective.SetCoefficient(self._vars[var], value)
             columns[var].objective_coefficient = value
