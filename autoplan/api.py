@@ -335,8 +335,8 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
         options = replace(options, max_stages=1)
     from autoplan.capability import adapted
 
-    if not adapted(problem.spec):                    # the generic runtime: no interleaving
-        options = replace(options, virtual_stages=())
+    if not adapted(problem.spec):      # the generic runtime: no interleaving, and stages
+        options = replace(options, virtual_stages=(), split_at_blocks=True)   # at blocks
     try:
         result = search(problem.spec, problem.graph, problem.cluster,
                         global_batch=problem.global_batch, precision=problem.precision,
@@ -404,9 +404,9 @@ def _plan_auto(problem: Problem, *, space: SearchSpace, top_k: int,
     gap = _engine_gap(problem.spec, plan)
     if gap and uniform_plan is not None:
         # a plan the engine could not run is worth less than the grid's best, which it runs
-        note = (f"the search's plan ({plan.planner.get('label')}, "
-                f"{plan.prediction.step_time_s:.4g} s per step) places ops individually and "
-                f"{gap}; this is the uniform grid's best")
+        note = (f"the engine cannot run the search's plan ({plan.planner.get('label')}, "
+                f"{plan.prediction.step_time_s:.4g} s per step): {gap}; this is the uniform "
+                "grid's best")
         return replace(uniform_plan, planner={**uniform_plan.planner, "note": note,
                                               "search": plan.planner.get("label")}), result
     return plan, result
@@ -432,12 +432,12 @@ def search_gap(spec: ModelSpec) -> str | None:
 
 
 def _engine_gap(spec: ModelSpec, plan: Plan) -> str | None:
-    """Why the engine cannot run ``plan`` of a model it runs otherwise (None: it can, or it
-    runs no plan of this model at all), from the plan and the spec as data."""
-    from autoplan.capability import adapted, needs_per_op, per_op_gap
+    """Why the engine cannot run ``plan`` of a model it runs otherwise (None: it can), from
+    the plan and the spec as data: the generic runtime's limits, or an adapted runtime's."""
+    from autoplan.capability import adapted, generic_gap, needs_per_op, per_op_gap
 
     if not adapted(spec):
-        return None
+        return generic_gap(plan)
     gap = per_op_gap(spec, plan)
     return gap if gap and needs_per_op(plan) else None
 

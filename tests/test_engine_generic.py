@@ -80,6 +80,22 @@ def test_runtime_choice_is_data():
     assert select(plan, SPECS["user"]) is RUNTIMES["generic"]
 
 
+@pytest.mark.parametrize("model", ["opt", "user"])
+def test_the_planners_plan_is_one_the_generic_runtime_runs(model):
+    # the search once returned stages beginning with <post>, weights sharded over dp without
+    # ZeRO-3 and (balanced pipelines ignoring max_stages) a tied model split over stages
+    from autoplan.api import optimize
+
+    import dataclasses
+
+    spec = dataclasses.replace(SPECS[model], trusted=True)     # the test's own module
+    plan = optimize(spec, "local-cpu", global_batch=8, seq_len=16)
+    assert generic_gap(plan) is None, plan.planner
+    if model == "opt":                         # tied embeddings: no pipeline stages
+        assert plan.parallel.pp == 1
+    assert all(st.layer_names[0] not in ("<pre>", "<post>") for st in plan.stages[1:])
+
+
 def test_capability_module_imports_no_engine():
     code = ("import sys, autoplan.capability; bad = sorted(m for m in sys.modules if "
             "m == 'engine' or m.startswith(('engine.', 'torch.distributed'))); "

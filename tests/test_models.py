@@ -236,3 +236,25 @@ def test_hf_llama_from_config_json(tmp_path):
     assert "model.layers.1.mlp.gate_proj.weight" in dict(model.named_parameters())
     loss = _train_step(spec, 2, 16)
     assert torch.isfinite(loss)
+
+
+def test_hf_heads_that_do_not_divide_hidden_build_as_transformers_builds_them():
+    # GLM-4.5's config: hidden 4096, 96 heads; its attention derives head_dim = 4096 // 96
+    # and projects 4096 -> 96 * 42. transformers builds and trains that, so autoplan does:
+    # a model whose own code needs divisibility says so itself, named, in one line
+    spec = resolve("hf:mistral", num_hidden_layers=2, hidden_size=40, intermediate_size=64,
+                   num_attention_heads=6, num_key_value_heads=2, vocab_size=128,
+                   max_position_embeddings=64)
+    model = build_model(spec)
+    assert dict(model.named_parameters())["model.layers.0.self_attn.q_proj.weight"].shape \
+        == (36, 40)
+    assert torch.isfinite(_train_step(spec, 2, 16))
+    with pytest.raises(ConfigError, match=r"GPT2LMHeadModel .* divisible by num_heads"):
+        build_model(resolve("hf:gpt2", **{**TINY_GPT2, "n_embd": 30}))
+
+
+def test_hf_weights_from_legacy_constructors_land_on_the_build_device():
+    # XLNet makes its attention weights with torch.FloatTensor(...), which ignores the
+    # default device: on the CPU beside a meta model, the trace mixed devices
+    spec = resolve("hf:xlnet", n_layer=2, d_model=32, n_head=4, d_inner=64, vocab_size=128)
+    assert all(p.is_meta for p in build_model(spec).parameters())

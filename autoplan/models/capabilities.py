@@ -42,7 +42,8 @@ Hugging Face MoE:        no      no      yes         3-D expert weights (expert
 any of them with tied    no      no      no          one weight in two places: the
 embeddings                                           head's shard and the embedding's,
                                                      or two pipeline stages
-any other model          yes     no      yes         the generic runtime (TP without PP)
+any other model          yes     no      yes         the generic runtime (TP without PP;
+                                                     a tied Hugging Face model: no PP)
 =======================  ======  ======  ==========  ================================
 
 Context parallelism (``context_parallel``, :func:`hf_cp_gap`): the built-in GPT and every
@@ -90,6 +91,18 @@ def _caps(*, tp: bool, pp: bool, why: list[str], divisors: tuple[tuple[str, int]
                              context_parallel=cp_gap is None, cp_reason=cp_gap or "")
 
 
+def _hf_tied(spec: ModelSpec) -> bool:
+    """Does the Hugging Face model tie its LM head to its input embedding (its language
+    model's config for a composite one; image classifiers have no LM head)?"""
+    from autoplan.models.hf import hf_config, task_of, text_config
+
+    if task_of(spec) == "image-classification":
+        return False
+    config = hf_config(spec)
+    return bool(getattr(config, "tie_word_embeddings", False) or
+                getattr(text_config(config), "tie_word_embeddings", False))
+
+
 def capabilities(spec: ModelSpec) -> ModelCapabilities:
     """What the engine can run for ``spec`` (see the module docstring)."""
     if spec.source == "builtin" and spec.name == "gpt":
@@ -119,11 +132,14 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
     # every other model: the generic runtime (autoplan.capability); what depends on the
     # plan (tp with pp, sequence parallelism) is generic_gap's, checked per plan
     flags = generic_flags()
+    reason = ("the generic runtime: no sequence parallelism, and tensor parallelism only "
+              "without pipeline stages (autoplan.capability)")
+    pipeline = flags["pipeline"]
+    if spec.source == "hf" and _hf_tied(spec):     # its stages would split the tied weight
+        pipeline, reason = False, f"{reason}; {_TIED_PP}"
     return ModelCapabilities(
         tensor_parallel=flags["tensor_parallel"], sequence_parallel=flags["sequence_parallel"],
-        pipeline=flags["pipeline"], runs=flags["runs"],
-        reason="the generic runtime: no sequence parallelism, and tensor parallelism only "
-               "without pipeline stages (autoplan.capability)",
+        pipeline=pipeline, runs=flags["runs"], reason=reason,
         cp_reason=f"the engine runs context parallelism for the built-in GPT and the "
                   f"adapted Hugging Face decoders, not {spec.source}:{spec.name} (the "
                   f"generic runtime)")

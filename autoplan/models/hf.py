@@ -249,11 +249,6 @@ def _check_config(config, task: str, source: str) -> None:
         raise ConfigError(f"num_key_value_heads = {kv} must divide num_attention_heads = "
                           f"{heads} (each KV head serves a group of query heads)",
                           source=source, field="model.config.num_key_value_heads")
-    hidden = config_value(config, "hidden_size")
-    if isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and \
-            config_value(config, "head_dim") is None and hidden % heads:
-        raise ConfigError(f"hidden_size = {hidden} is not divisible by num_attention_heads "
-                          f"= {heads}", source=source, field="model.config.hidden_size")
     vocab = config_value(config, "vocab_size")
     if task != "image-classification" and isinstance(vocab, int):
         for key in ("pad_token_id", "decoder_start_token_id"):
@@ -455,6 +450,11 @@ def build(spec: ModelSpec) -> nn.Module:
         # a composite type whose causal-LM class is its language model alone (Llama 4's
         # Llama4ForCausalLM takes Llama4TextConfig): build that from the text config
         config = text_config(config)
+    for part in {id(c): c for c in (config, text_config(config))}.values():
+        if getattr(part, "use_cache", None):
+            # training keeps no KV cache; a forward that takes use_cache only through
+            # **kwargs (Granite MoE hybrid) reads the config's default
+            part.use_cache = False
     mixin = _ImageLossForward if task == "image-classification" else _LossForward
     body = {} if mixin is _ImageLossForward else {
         "_takes_use_cache": "use_cache" in inspect.signature(cls.forward).parameters}

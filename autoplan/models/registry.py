@@ -244,6 +244,11 @@ def build_model(spec: ModelSpec, *, device: str | torch.device = "meta",
         else:
             raise ConfigError(f"unknown model source {spec.source!r}; use builtin, hf or import",
                               field="model.source")
+    # legacy constructors (``torch.FloatTensor(n, m)``: XLNet's attention weights) ignore the
+    # default device and allocate on the CPU: move such strays where the rest of the model is
+    target = torch.device(device).type
+    if any(t.device.type != target for t in (*model.parameters(), *model.buffers())):
+        model = model.to(device)
     if dtype is not None:
         model = model.to(dtype=dtype)
     return model

@@ -85,6 +85,7 @@ class SearchOptions:
     micro_batches: tuple[int, ...] | None = None    # counts m to try
     max_micro_batches: int = 256
     max_units: int = 32
+    split_at_blocks: bool = False       # stages begin at blocks only (the generic runtime)
     max_device_units: int = 32
     max_stages: int = 32
     virtual_stages: tuple[int, ...] = (2, 4)
@@ -122,9 +123,12 @@ class SearchResult:
 
 # ---- units --------------------------------------------------------------------------------
 
-def layer_units(ms: ModelStructure, max_units: int) -> list[int]:
+def layer_units(ms: ModelStructure, max_units: int, *, split_at_blocks: bool = False
+                ) -> list[int]:
     """Layer index where each unit starts, plus the end: non-block layers alone, blocks in
-    even groups so that there are at most ``max_units`` units."""
+    even groups so that there are at most ``max_units`` units. ``split_at_blocks``: a
+    non-block layer after a block joins that block's unit instead (the generic runtime
+    splits a model only at a block's module, so no stage may begin with ``<post>``)."""
     n = len(ms.layer_kind)
     blocks = [l for l in range(n) if ms.is_block[l]]
     singles = n - len(blocks)
@@ -133,6 +137,8 @@ def layer_units(ms: ModelStructure, max_units: int) -> list[int]:
     starts, run = [], 0
     for l in range(n):
         if not ms.is_block[l]:
+            if split_at_blocks and starts and any(ms.is_block[j] for j in range(l)):
+                continue
             starts.append(l)
             run = 0
         else:
@@ -229,7 +235,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
     seconds["intra_op"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     ws = _Workspace(ev, lib)
-    units = layer_units(ms, opts.max_units)
+    units = layer_units(ms, opts.max_units, split_at_blocks=opts.split_at_blocks)
     per_unit, v_units, sizes = device_units(cluster, opts.max_device_units)
     dpn = cluster.devices_per_node
     # (calibrated memory fits; the overheads the ILP does not model held back)
@@ -261,7 +267,7 @@ def search(spec, graph: OpGraph, cluster: Cluster, *, global_batch: int,
         # balanced pipelines of pp equal submeshes of n units, every schedule: their chunks
         # are priced with the stage DP's ranges on the same meshes (SharedRows)
         balanced = {v_units // pp: (pp, *_balanced_chunks(ms, pp, m, opts, n_blocks))
-                    for pp in divisors(v_units) if pp <= max(n_blocks, 1)}
+                    for pp in divisors(v_units) if pp <= min(max(n_blocks, 1), max_stages)}
         meshes_of: dict[int, list[LogicalMesh]] = {}
         for n in sizes:
             meshes_of[n] = submesh_shapes(n * per_unit, dpn)
