@@ -257,8 +257,8 @@ def runnable_space(spec: ModelSpec, space: SearchSpace,
     changes: dict = {key: (False,) if key == "sequence_parallel" else (1,)
                      for key, ok in allowed.items() if not ok}
 
-    if not adapted(spec):        # the generic runtime: tensor parallelism without pipelines,
-        changes["tp_with_pp"] = False           # and no interleaved schedule (capability.py)
+    if not adapted(spec):   # the generic runtime: no TP or recomputation with pipelines, no
+        changes.update(tp_with_pp=False, checkpoint_with_pp=False)     # interleaved schedule
         changes["schedules"] = tuple(s for s in space.schedules if s != "interleaved_1f1b")
         if graph is not None and any(n.op.startswith("aten.convolution")
                                      for n in graph.nodes.values()):

@@ -45,6 +45,16 @@ def test_search_respects_space(problem_1p7b):
     assert (p.tp, p.pp, p.zero, p.checkpoint, p.dp) == (2, 1, 1, "full", 16)
 
 
+def test_space_can_keep_tp_and_recomputation_off_pipelines(problem_1p7b):
+    # the generic runtime's limits (autoplan.capability.generic_gap), as the grid applies them
+    space = SearchSpace(tp_with_pp=False, checkpoint_with_pp=False)
+    configs = list(enumerate_configs(problem_1p7b.graph, problem_1p7b.cluster, 512,
+                                     space=space))
+    staged = [c for c in configs if c.pp > 1]
+    assert staged and all(c.tp == 1 and c.checkpoint == "none" for c in staged)
+    assert any(c.checkpoint != "none" for c in configs if c.pp == 1)
+
+
 def test_plans_are_deterministic(problem_1p7b, tmp_path):
     a, _ = plan_problem(problem_1p7b)
     b, _ = plan_problem(problem_1p7b)

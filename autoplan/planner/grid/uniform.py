@@ -53,6 +53,7 @@ class SearchSpace:
     virtual_stages: tuple[int, ...] = (2, 4)
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_with_pp: bool = True                 # False: tensor parallelism only without pipelines
+    checkpoint_with_pp: bool = True         # False: recomputation only without pipelines
     ep: tuple[int, ...] | None = None       # default: every divisor of dp and of the experts
     cp: tuple[int, ...] | None = None       # default: context_degrees()
     # TP-communication overlap where it applies (enumerate_configs); off by default, as the
@@ -174,7 +175,8 @@ def enumerate_configs(graph: OpGraph, cluster: Cluster, global_batch: int,
                         for ckpt, (sched, v), ep, ov in (
                                 (c, s, e, o) for c in checkpoints for s in schedules
                                 for e in eps for o in space.tp_comm_overlap
-                                if not o or (gpu and sp and e == 1 and cp == 1)):
+                                if (not o or (gpu and sp and e == 1 and cp == 1)) and
+                                (c == "none" or pp == 1 or space.checkpoint_with_pp)):
                             yield ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero,
                                                  sequence_parallel=sp, micro_batch=b,
                                                  num_micro_batches=m, schedule=sched,
