@@ -7,8 +7,10 @@ transformers 5.24), a fresh process runs::
         --global-batch 32 -o PLAN.json
 
 (the type's default config, cut to two layers where the config takes that key -- for a
-composite vision- or audio-language config, its language model's -- so that a row costs
-seconds) and the outcome is classified:
+composite vision- or audio-language config, its language model's; ``num_layers=2`` for a
+config that names it so (LongCat-Flash), and uncut where autoplan takes neither key
+(Nemotron-H's list of block types: :func:`layer_key`) -- so that a row costs seconds) and
+the outcome is classified:
 
 * **planned** (exit 0, a plan written);
 * **refused** (exit 2, autoplan's one-line ``error:``): a data-dependent op (an MoE router
@@ -52,11 +54,33 @@ def types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+def layer_key(model_type: str) -> str | None:
+    """The key of ``model_type``'s config that autoplan takes as its layer count:
+    ``num_hidden_layers`` (an alias such as GPT-2's ``n_layer``, or a composite config's
+    language model's), else ``num_layers`` (LongCat-Flash), else None: the default config is
+    planned uncut (Nemotron-H's layers are a list of block types, BLT's sit in sub-configs)."""
+    from autoplan.errors import ConfigError
+    from autoplan.models.registry import resolve
+
+    for key in ("num_hidden_layers", "num_layers"):
+        try:
+            resolve(f"hf:{model_type}", **{key: 2})
+        except ConfigError as exc:
+            if "unknown" in str(exc) and key in str(exc):
+                continue
+        except Exception:  # noqa: BLE001 -- the plan's own process reports what is wrong
+            pass
+        return key
+    return None
+
+
 def run_type(model_type: str, timeout: float, work: Path) -> dict:
     """One ``autoplan plan`` of ``model_type`` in a fresh process: outcome, CPU s, error."""
-    cmd = [sys.executable, "-m", "autoplan.cli", "plan", f"hf:{model_type}", "--set",
-           "num_hidden_layers=2", "--cluster", "dgx-a100", "--nodes", "2", "--global-batch",
-           "32", "-o", str(work / f"{model_type}.json")]
+    key = layer_key(model_type)
+    cut = ["--set", f"{key}=2"] if key else []
+    cmd = [sys.executable, "-m", "autoplan.cli", "plan", f"hf:{model_type}", *cut,
+           "--cluster", "dgx-a100", "--nodes", "2", "--global-batch", "32",
+           "-o", str(work / f"{model_type}.json")]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -478,3 +478,16 @@ def test_the_packed_sequence_answer_is_the_tracing_threads_alone_and_always_undo
         with CudaSemantics():
             raise RuntimeError("a trace that fails")
     assert masking.find_packed_sequence_indices is own
+
+
+def test_square_feature_maps_are_not_attention_matrices():
+    # without a sequence length (an image model) a tensor (..., n, n) is an attention matrix
+    # only when attention made it: a CNN's square feature maps once all counted, so
+    # "selective" recomputation was priced as freeing a ResNet's activations
+    from autoplan.trace.saved import _is_attention_shape
+
+    assert not _is_attention_shape((8, 64, 56, 56), None, "aten.relu.default")
+    assert not _is_attention_shape((8, 64, 56, 56), None, "aten.convolution.default")
+    assert _is_attention_shape((8, 12, 197, 197), None, "aten._softmax.default")
+    assert _is_attention_shape((8, 12, 64, 64), 64, "aten.relu.default")    # seq known
+    assert not _is_attention_shape((8, 12, 64, 64), 128, "aten._softmax.default")

@@ -37,10 +37,23 @@ class SavedSummary:
     layer_bytes_attn: list[int]
 
 
-def _is_attention_shape(shape: tuple[int, ...], seq_len: int | None) -> bool:
+#: ops whose square output is an attention matrix in a model without a sequence length (a
+#: ViT's eager attention saves its softmax and dropout outputs; a CNN's feature maps, also
+#: square in their last two dimensions, come from convolutions, norms and activations)
+_ATTENTION_PRODUCERS = ("_softmax", "softmax", "_safe_softmax", "native_dropout", "dropout",
+                        "bmm", "baddbmm", "matmul")
+
+
+def _is_attention_shape(shape: tuple[int, ...], seq_len: int | None,
+                        producer: str = "") -> bool:
+    """(..., s, s) for the traced sequence length s; without one (an image model), a square
+    output of one of :data:`_ATTENTION_PRODUCERS`."""
     if len(shape) < 3 or shape[-1] != shape[-2] or shape[-1] <= 1:
         return False
-    return seq_len is None or shape[-1] == seq_len
+    if seq_len is None:
+        parts = producer.split(".")                  # "aten._softmax.default"
+        return len(parts) > 1 and parts[1] in _ATTENTION_PRODUCERS
+    return shape[-1] == seq_len
 
 
 def summarize_saved(cap: Capture, layer_of: list[int], roles: list[TPRole], num_layers: int,
@@ -67,7 +80,7 @@ def summarize_saved(cap: Capture, layer_of: list[int], roles: list[TPRole], num_
             layer_tp[layer] += record.nbytes
         shape = next((tuple(t.shape) for t in cap.ops[producer].out_tensors
                       if storage_key(t) == record.storage), ())
-        if _is_attention_shape(shape, seq_len):
+        if _is_attention_shape(shape, seq_len, str(cap.ops[producer].func)):
             op_attention.add(producer)
             layer_attn[layer] += record.nbytes
     return SavedSummary(op_bytes, op_attention, layer_bytes, layer_tp, layer_attn)
