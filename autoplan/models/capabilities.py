@@ -43,7 +43,8 @@ any of them with tied    no      no      no          one weight in two places: t
 embeddings                                           head's shard and the embedding's,
                                                      or two pipeline stages
 any other model          yes     no      yes         the generic runtime (TP without PP;
-                                                     a tied Hugging Face model: no PP)
+                                                     no PP for a model using a weight
+                                                     in two places)
 =======================  ======  ======  ==========  ================================
 
 Context parallelism (``context_parallel``, :func:`hf_cp_gap`): the built-in GPT and every
@@ -91,16 +92,24 @@ def _caps(*, tp: bool, pp: bool, why: list[str], divisors: tuple[tuple[str, int]
                              context_parallel=cp_gap is None, cp_reason=cp_gap or "")
 
 
-def _hf_tied(spec: ModelSpec) -> bool:
-    """Does the Hugging Face model tie its LM head to its input embedding (its language
-    model's config for a composite one; image classifiers have no LM head)?"""
-    from autoplan.models.hf import hf_config, task_of, text_config
+_SHARED_PP = ("pipeline: a weight is used in two places (a tied LM head, an embedding shared "
+              "by encoder and decoder, layers sharing weights), which the generic runtime's "
+              "stages cannot split")
+_shared: dict[str, bool] = {}
 
-    if task_of(spec) == "image-classification":
-        return False
-    config = hf_config(spec)
-    return bool(getattr(config, "tie_word_embeddings", False) or
-                getattr(text_config(config), "tie_word_embeddings", False))
+
+def _shares_weights(spec: ModelSpec) -> bool:
+    """Does the model use one parameter in two modules (GPT-2's tied head, T5's embedding
+    shared by encoder and decoder, ALBERT's shared layers)? Read from the model built on the
+    meta device (no weight memory), once per spec."""
+    from autoplan.models.registry import build_model
+
+    key = spec.fingerprint()
+    if key not in _shared:
+        model = build_model(spec)
+        _shared[key] = sum(1 for _ in model.named_parameters(remove_duplicate=False)) > \
+            sum(1 for _ in model.named_parameters())
+    return _shared[key]
 
 
 def capabilities(spec: ModelSpec) -> ModelCapabilities:
@@ -135,8 +144,8 @@ def capabilities(spec: ModelSpec) -> ModelCapabilities:
     reason = ("the generic runtime: no sequence parallelism, and tensor parallelism only "
               "without pipeline stages (autoplan.capability)")
     pipeline = flags["pipeline"]
-    if spec.source == "hf" and _hf_tied(spec):     # its stages would split the tied weight
-        pipeline, reason = False, f"{reason}; {_TIED_PP}"
+    if pipeline and _shares_weights(spec):    # its stages would split the shared weight
+        pipeline, reason = False, f"{reason}; {_SHARED_PP}"
     return ModelCapabilities(
         tensor_parallel=flags["tensor_parallel"], sequence_parallel=flags["sequence_parallel"],
         pipeline=pipeline, runs=flags["runs"], reason=reason,
