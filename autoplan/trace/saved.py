@@ -17,7 +17,9 @@ Two attributions, for two uses:
 
 A storage is TP-sharded when its producer is a ``column`` or ``sharded`` op, and an
 attention matrix when its tensor has shape (..., s, s) for the traced sequence length s
-(the 5·a·s/h term; flash / memory-efficient attention never stores it).
+(the 5·a·s/h term; flash / memory-efficient attention never stores it) -- in a model without
+a sequence length (a ViT), a square output of softmax, dropout or a batched matmul, not a
+CNN's square feature map.
 """
 
 from __future__ import annotations
