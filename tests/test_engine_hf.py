@@ -306,12 +306,15 @@ def test_gpt2_tensor_parallelism_is_refused_with_the_reason():
 
 
 def test_capabilities_of_models_without_an_adapter_are_the_generic_runtimes():
-    for spec in (ModelSpec("builtin", "mlp", {}), ModelSpec("hf", "opt", {}),
-                 ModelSpec("import", "pkg.mod:fn", {})):
+    for spec in (ModelSpec("builtin", "mlp", {}),
+                 ModelSpec("hf", "opt", {"tie_word_embeddings": False}),
+                 ModelSpec("import", "pkg.mod:fn", {})):      # not built: checked at launch
         caps = capabilities(spec)
         assert caps.runs and "generic runtime" in caps.reason
         assert caps.tensor_parallel and caps.pipeline and not caps.sequence_parallel
         assert not caps.context_parallel and "generic runtime" in caps.cp_reason
+    tied = capabilities(ModelSpec("hf", "opt", {}))       # OPT ties its LM head
+    assert not tied.pipeline and "a weight is used in two places" in tied.reason
     with pytest.raises(PlanError, match=r"no stage adapter for Hugging Face model_type 'opt'"):
         model_lib.check_supported(ModelSpec("hf", "opt", {}))
     assert dataclasses.asdict(capabilities(_CAP_SPECS["builtin_gpt"])) == dict(

@@ -101,12 +101,18 @@ _shared: dict[str, bool] = {}
 def _shares_weights(spec: ModelSpec) -> bool:
     """Does the model use one parameter in two modules (GPT-2's tied head, T5's embedding
     shared by encoder and decoder, ALBERT's shared layers)? Read from the model built on the
-    meta device (no weight memory), once per spec."""
+    meta device (no weight memory), once per spec. A model that cannot be built here (code
+    not trusted to import, a missing module) answers False: the engine checks its weights
+    again at launch (``engine/generic.py``)."""
+    from autoplan.errors import ConfigError
     from autoplan.models.registry import build_model
 
     key = spec.fingerprint()
     if key not in _shared:
-        model = build_model(spec)
+        try:
+            model = build_model(spec)
+        except ConfigError:
+            return False
         _shared[key] = sum(1 for _ in model.named_parameters(remove_duplicate=False)) > \
             sum(1 for _ in model.named_parameters())
     return _shared[key]
