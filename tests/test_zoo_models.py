@@ -388,7 +388,10 @@ def test_never_slower_guard_without_repricing(monkeypatch):
                              example_inputs=(tokens, tokens), planner="uniform")
     assert plan.prediction.step_time_s <= grid.prediction.step_time_s * (1 + 1e-9)
     if plan.planner["name"] == "uniform":
-        assert "could not reprice" in plan.planner["note"]
+        # the grid's best because it is faster, or because the generic runtime could not
+        # run the search's plan (stages on different submeshes)
+        note = plan.planner["note"]
+        assert "could not reprice" in note or "the engine cannot run the search's plan" in note
     else:
         assert plan.comparison["repriced_error"] == "not expressible"
 
