@@ -135,9 +135,10 @@ def layer_units(ms: ModelStructure, max_units: int, *, split_at_blocks: bool = F
     room = max(1, max_units - singles)
     group = max(1, math.ceil(len(blocks) / room))
     starts, run = [], 0
+    first_block = blocks[0] if blocks else n
     for l in range(n):
         if not ms.is_block[l]:
-            if split_at_blocks and starts and any(ms.is_block[j] for j in range(l)):
+            if split_at_blocks and l > first_block:      # after a block: join its unit
                 continue
             starts.append(l)
             run = 0
